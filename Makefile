@@ -1,0 +1,36 @@
+# The two commands that do all set-up on a fresh machine:
+#   make simulate   - a federated simulation on real data (Fashion-MNIST) with the defaults
+#   make test       - lint and the full test suite
+# Pass options through ARGS, e.g.  make simulate ARGS='--dataset digits --rounds 5'
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+FMNIST := /usr/share/datasets/fashion-mnist
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: simulate test setup data
+
+simulate: setup data
+	FLWR_TELEMETRY_ENABLED=0 $(BIN)/edgesched simulate $(ARGS)
+
+test: setup data
+	$(BIN)/ruff check .
+	FLWR_TELEMETRY_ENABLED=0 $(BIN)/pytest $(PYTEST_ARGS)
+
+setup: $(VENV)/.installed
+
+# torch is installed first and pinned: its CPU wheel is local, while an open range would
+# fetch a multi-GB CUDA build. pyproject keeps a range that this pin satisfies.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[simulation,dev]'
+	touch $@
+
+data:
+	@if [ -e $(FMNIST)/train-images-idx3-ubyte.gz ] || [ -e $(FMNIST)/train-images-idx3-ubyte ]; then :; \
+	elif command -v apt-get >/dev/null; then \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq dataset-fashion-mnist; \
+	else echo "Fashion-MNIST is not in $(FMNIST); pass ARGS='--data-dir DIR' to point at its IDX files"; fi

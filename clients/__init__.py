@@ -1,0 +1,1 @@
+"""The device side: the Flower ClientApp (installed as edgesched.clients)."""

@@ -1,0 +1,82 @@
+"""The ClientApp: trains or evaluates the partition a message names and reports how fast.
+
+Replies carry, beside the weights, what the job did (samples, steps, seconds, samples/s,
+loss): the scheduler's performance model learns each device's speed from them. The node's
+`device-id` (node config) is echoed so the gateway can join Flower nodes to MQTT devices.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from edgesched import data, partition
+from edgesched.models import build_model
+from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
+from edgesched.training import evaluate, train
+
+app = ClientApp()
+
+
+@app.train()
+def train_job(msg: Message, context: Context) -> Message:
+    job = msg.content[CONFIG]
+    x, y = _local_data(job, context)
+    model = build_model(str(job["dataset"]))
+    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+    report = train(
+        model,
+        x,
+        y,
+        epochs=int(job["local-epochs"]),
+        batch_size=int(job["batch-size"]),
+        lr=float(job["lr"]),
+        seed=job_seed(int(job["seed"]), int(job["server-round"]), int(job["partition-id"])),
+    )
+    metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), **report.as_metrics()}
+    return _reply(msg, context, ArrayRecord(model.state_dict()), metrics)
+
+
+@app.evaluate()
+def evaluate_job(msg: Message, context: Context) -> Message:
+    job = msg.content[CONFIG]
+    x, y = _local_data(job, context)
+    model = build_model(str(job["dataset"]))
+    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+    loss, accuracy = evaluate(model, x, y)
+    metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), "loss": loss, "accuracy": accuracy}
+    return _reply(msg, context, None, metrics)
+
+
+def _reply(msg: Message, context: Context, arrays: ArrayRecord | None, metrics: dict) -> Message:
+    content = RecordDict({METRICS: MetricRecord(metrics), DEVICE: ConfigRecord({"device-id": _device_id(context)})})
+    if arrays is not None:
+        content[ARRAYS] = arrays
+    return Message(content, reply_to=msg)
+
+
+def _device_id(context: Context) -> str:
+    return str(context.node_config.get("device-id", f"node-{context.node_id}"))
+
+
+def _local_data(job: ConfigRecord, context: Context) -> tuple[np.ndarray, np.ndarray]:
+    """The job's partition; a device's node config `data-dir` overrides the server's path."""
+    data_dir = str(context.node_config.get("data-dir", job["data-dir"])) or None
+    indices = _partition_indices(
+        str(job["dataset"]), data_dir, str(job["partitioner"]), int(job["num-partitions"]),
+        float(job["alpha"]), int(job["seed"]),
+    )[int(job["partition-id"])]
+    ds = data.load(str(job["dataset"]), data_dir)
+    return ds.x_train[indices], ds.y_train[indices]
+
+
+@lru_cache(maxsize=4)
+def _partition_indices(
+    dataset: str, data_dir: str | None, scheme: str, num_partitions: int, alpha: float, seed: int
+) -> list[np.ndarray]:
+    """Split once per process: every job in a worker reuses the same seeded split."""
+    ds = data.load(dataset, data_dir)
+    return partition.partition(ds.y_train, ds.groups, scheme, num_partitions, alpha, seed)

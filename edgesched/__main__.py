@@ -1,0 +1,5 @@
+import sys
+
+from edgesched.cli import main
+
+sys.exit(main())

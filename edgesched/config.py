@@ -1,0 +1,114 @@
+"""Run configuration: one frozen dataclass, kebab-case keys as in Flower's run config.
+
+The same keys come from the CLI, from `flwr run --run-config`, or from a TOML file, and
+every value is checked when the config is built, with an error that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from edgesched.data import DATASETS, default_data_dir
+from edgesched.errors import ConfigError
+from edgesched.partition import PARTITIONERS
+
+# Per data set: how it is split by default and into how many clients.
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fmnist": {"partitioner": "dirichlet", "clients": 10},
+    "hapt": {"partitioner": "natural", "clients": 30},
+    "digits": {"partitioner": "dirichlet", "clients": 10},
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a federated run needs; `None` means "the data set's default"."""
+
+    dataset: str = "fmnist"
+    data_dir: str | None = None
+    partitioner: str | None = None
+    alpha: float = 0.3
+    clients: int | None = None
+    fraction_train: float = 0.5
+    rounds: int = 20
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.02
+    seed: int = 0
+    round_timeout: float = 600.0
+    client_cpus: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"dataset: unknown {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        if self.partitioner is not None and self.partitioner not in PARTITIONERS:
+            raise ConfigError(f"partitioner: unknown {self.partitioner!r}; choose one of {', '.join(PARTITIONERS)}")
+        _require(self.alpha > 0, "alpha", "must be > 0", self.alpha)
+        _require(self.clients is None or self.clients >= 1, "clients", "must be >= 1", self.clients)
+        _require(0 < self.fraction_train <= 1, "fraction-train", "must be in (0, 1]", self.fraction_train)
+        for key in ("rounds", "local_epochs", "batch_size"):
+            _require(getattr(self, key) >= 1, _kebab(key), "must be >= 1", getattr(self, key))
+        _require(self.lr > 0, "lr", "must be > 0", self.lr)
+        _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
+        _require(self.round_timeout > 0, "round-timeout", "must be > 0", self.round_timeout)
+        _require(self.client_cpus > 0, "client-cpus", "must be > 0", self.client_cpus)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Build from kebab-case keys, coercing numbers and refusing unknown keys by name."""
+        known = {_kebab(f.name): f for f in fields(cls)}
+        kwargs = {}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
+            kwargs[known[key].name] = _coerce(key, value, known[key].type)
+        return cls(**kwargs)
+
+    def resolved(self) -> RunConfig:
+        """Fill the data-set defaults, so a saved config says exactly what ran."""
+        defaults = DATASET_DEFAULTS[self.dataset]
+        return dataclasses.replace(
+            self,
+            data_dir=self.data_dir or default_data_dir(self.dataset),
+            partitioner=self.partitioner or defaults["partitioner"],
+            clients=self.clients or defaults["clients"],
+        )
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Kebab-case keys, `None` values left out: what Flower's run config accepts."""
+        return {_kebab(k): v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.fraction_train * (self.clients or 1)))
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _require(ok: bool, key: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {rule}, got {value!r}")
+
+
+def _coerce(key: str, value: Any, annotation: str) -> Any:
+    """Turn a run-config value into the field's type; TOML and the CLI give strings or numbers."""
+    if value is None:
+        return None
+    kind = annotation.split(" | ")[0]
+    try:
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected {kind}, got {value!r}") from None

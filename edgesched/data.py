@@ -1,0 +1,165 @@
+"""Real data sets, loaded from local files only (nothing is fetched at run time).
+
+- Fashion-MNIST: the four IDX files (plain or .gz), as Debian's `dataset-fashion-mnist`
+  installs them under /usr/share/datasets/fashion-mnist.
+- UCI HAPT: raw 50 Hz accelerometer + gyroscope signals of 30 users, cut into windows of
+  2.56 s (128 samples, 50 % overlap); each user is one natural client.
+- digits: scikit-learn's bundled 8x8 digits, for quick runs and tests.
+
+Loaders return float32 inputs already normalised for the models in `edgesched.models`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from edgesched.errors import DataError
+
+DATASETS = ("fmnist", "hapt", "digits")
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+HAPT_FILE = "hapt_raw_by_user.npz"
+HAPT_WINDOW, HAPT_STEP = 128, 64
+HAPT_TEST_SHARE = 0.2
+_FMNIST_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A train/test split; `groups` names each training sample's natural owner (a user)."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    groups: np.ndarray | None = None
+
+
+@lru_cache(maxsize=4)
+def load(name: str, data_dir: str | None = None) -> Dataset:
+    """Load a data set by name; cached per process because simulation workers reuse it."""
+    if name == "fmnist":
+        return load_fmnist(Path(data_dir) if data_dir else FMNIST_DIR)
+    if name == "hapt":
+        if not data_dir:
+            raise DataError(f"hapt needs --data-dir: the folder holding {HAPT_FILE}")
+        return load_hapt(Path(data_dir))
+    if name == "digits":
+        return load_digits()
+    raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def default_data_dir(name: str) -> str | None:
+    return str(FMNIST_DIR) if name == "fmnist" else None
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Parse one IDX file (the MNIST format): magic, dims, then big-endian payload."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte IDX file")
+    ndim = raw[3]
+    dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(int)
+    payload = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if payload.size != int(np.prod(dims)):
+        raise DataError(f"{path} is truncated: expected {int(np.prod(dims))} values, got {payload.size}")
+    return payload.reshape(dims)
+
+
+def load_fmnist(folder: Path) -> Dataset:
+    arrays = {key: read_idx(_find_idx(folder, stem)) for key, stem in _FMNIST_FILES.items()}
+
+    def images(x: np.ndarray) -> np.ndarray:
+        return ((x.astype(np.float32) / 255.0 - 0.2860) / 0.3530)[:, None, :, :]
+
+    return Dataset(
+        "fmnist",
+        images(arrays["x_train"]),
+        arrays["y_train"].astype(np.int64),
+        images(arrays["x_test"]),
+        arrays["y_test"].astype(np.int64),
+        num_classes=10,
+    )
+
+
+def _find_idx(folder: Path, stem: str) -> Path:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    hint = " (on Debian: apt-get install dataset-fashion-mnist)" if folder == FMNIST_DIR else ""
+    raise DataError(f"Fashion-MNIST file {stem}[.gz] not found in {folder}{hint}; point --data-dir at the folder")
+
+
+def load_hapt(folder: Path) -> Dataset:
+    """Window each recording session; the last 20 % of every session's windows is the test set.
+
+    Only windows whose 128 samples all carry one label (1-12) are kept, so a window is a
+    clean example of an activity or a posture transition. Splitting per session in time
+    keeps every user in both sets, so all 30 users can be clients.
+    """
+    path = folder / HAPT_FILE if folder.is_dir() else folder
+    try:
+        raw = np.load(path)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read HAPT data {path}: {exc}; point --data-dir at the folder holding {HAPT_FILE}") from exc
+    sessions = sorted({m.group(1) for k in raw.files if (m := re.fullmatch(r"(u\d+_s\d+)_X", k))})
+    if not sessions:
+        raise DataError(f"{path} holds no uNN_sK_X arrays; is it the HAPT file?")
+    train, test = ([], [], []), ([], [], [])
+    for session in sessions:
+        x, y = _windows(raw[f"{session}_X"], raw[f"{session}_y"])
+        user = int(session[1:3])
+        cut = int(round(len(x) * (1 - HAPT_TEST_SHARE)))
+        for bucket, sl in ((train, slice(None, cut)), (test, slice(cut, None))):
+            bucket[0].append(x[sl])
+            bucket[1].append(y[sl])
+            bucket[2].append(np.full(len(x[sl]), user, dtype=np.int64))
+    x_train, y_train, groups = (np.concatenate(a) for a in train)
+    x_test, y_test = np.concatenate(test[0]), np.concatenate(test[1])
+    mean = x_train.mean(axis=(0, 2), keepdims=True)
+    std = x_train.std(axis=(0, 2), keepdims=True) + 1e-6
+    return Dataset("hapt", (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, num_classes=12, groups=groups)
+
+
+def _windows(signal: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cut [n, 6] signals into label-pure [6, 128] windows; labels become 0-based classes."""
+    starts = np.arange(0, len(signal) - HAPT_WINDOW + 1, HAPT_STEP)
+    if len(starts) == 0:
+        return np.empty((0, 6, HAPT_WINDOW), np.float32), np.empty(0, np.int64)
+    idx = starts[:, None] + np.arange(HAPT_WINDOW)[None, :]
+    window_labels = labels[idx]
+    pure = (window_labels == window_labels[:, :1]).all(axis=1) & (window_labels[:, 0] >= 1)
+    x = signal[idx[pure]].transpose(0, 2, 1).astype(np.float32)
+    return x, window_labels[pure, 0].astype(np.int64) - 1
+
+
+def load_digits() -> Dataset:
+    """scikit-learn's 1,797 8x8 digits; a seeded 25 % holdout is the test set."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError as exc:
+        raise DataError("the digits data set needs scikit-learn: pip install scikit-learn") from exc
+    bunch = sk_digits()
+    x = (bunch.data.astype(np.float32) / 16.0 - 0.5) / 0.5
+    y = bunch.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(y))
+    cut = int(len(y) * 0.75)
+    tr, te = order[:cut], order[cut:]
+    return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10)

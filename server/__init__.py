@@ -1,0 +1,1 @@
+"""The gateway side: the Flower ServerApp and its round loop (installed as edgesched.server)."""

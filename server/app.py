@@ -1,0 +1,42 @@
+"""The ServerApp. `app` reads Flower's run config (deployment: `flwr run`); the simulation
+builds its own with `make_server_app`, passing the config and callbacks for its results."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from edgesched.config import RunConfig
+from edgesched.results import JobRecord, RoundRecord
+from edgesched.server.federation import FederationResult, RoundCallback, run_federation
+
+log = logging.getLogger(__name__)
+
+
+def _log_round(record: RoundRecord, jobs: list[JobRecord]) -> None:
+    log.info("round %d: accuracy %.4f, loss %.4f, %d/%d replied", record.round, record.accuracy,
+             record.loss, record.replied, record.selected)
+
+
+def make_server_app(
+    config: RunConfig | None = None,
+    on_round: RoundCallback = _log_round,
+    on_done: Callable[[FederationResult], None] | None = None,
+) -> ServerApp:
+    """A ServerApp running `config` (or the run config Flower passes, when `None`)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        cfg = config or RunConfig.from_mapping(context.run_config).resolved()
+        result = run_federation(grid, cfg, on_round)
+        if on_done is not None:
+            on_done(result)
+
+    return app
+
+
+app = make_server_app()

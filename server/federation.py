@@ -1,0 +1,125 @@
+"""The synchronous federated round loop over Flower's Grid (Message API).
+
+Per round: sample partitions with the run's seeded generator, send each chosen node a
+message with its own ConfigRecord, wait for replies up to the round timeout, average the
+replies in partition order (so the result does not depend on arrival order), and evaluate
+the global model on the held-out test set.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from edgesched import data
+from edgesched.aggregate import weighted_average
+from edgesched.config import RunConfig
+from edgesched.errors import EdgeschedError
+from edgesched.results import JobRecord, RoundRecord
+from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_config
+
+log = logging.getLogger(__name__)
+NODE_WAIT_SECONDS = 120.0
+
+RoundCallback = Callable[[RoundRecord, list[JobRecord]], None]
+
+
+@dataclass(frozen=True)
+class FederationResult:
+    weights: dict[str, np.ndarray]
+    rounds: list[RoundRecord]
+
+
+def run_federation(grid: Grid, cfg: RunConfig, on_round: RoundCallback) -> FederationResult:
+    import torch
+
+    from edgesched.models import build_model
+    from edgesched.training import evaluate
+
+    test = data.load(cfg.dataset, cfg.data_dir)
+    model = build_model(cfg.dataset, cfg.seed)
+    keys = list(model.state_dict())
+    weights = [t.detach().numpy().copy() for t in model.state_dict().values()]
+    nodes = _wait_for_nodes(grid, cfg.clients or 1)
+    rng = np.random.default_rng(cfg.seed)
+    start = time.monotonic()
+    history: list[RoundRecord] = []
+    for rnd in range(1, cfg.rounds + 1):
+        chosen = np.sort(rng.choice(cfg.clients, size=cfg.clients_per_round, replace=False))
+        arrays = ArrayRecord({k: Array(w) for k, w in zip(keys, weights, strict=True)})
+        messages = [
+            Message(
+                RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(job_config(cfg, rnd, int(pid)))}),
+                dst_node_id=nodes[pid % len(nodes)],
+                message_type=MessageType.TRAIN,
+                group_id=str(rnd),
+            )
+            for pid in chosen
+        ]
+        replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
+        good = sorted((r for r in replies if r.has_content()), key=lambda r: _metric(r, "partition-id"))
+        jobs = [_job_record(rnd, r) for r in good]
+        if good:
+            weights = weighted_average(
+                [r.content[ARRAYS].to_numpy_ndarrays() for r in good],
+                [_metric(r, "num-examples") for r in good],
+            )
+        else:
+            log.warning("round %d: no client replied in time; the model is unchanged", rnd)
+        model.load_state_dict({k: torch.from_numpy(w) for k, w in zip(keys, weights, strict=True)})
+        loss, accuracy = evaluate(model, test.x_test, test.y_test)
+        record = RoundRecord(
+            round=rnd,
+            accuracy=accuracy,
+            loss=loss,
+            train_loss=_weighted_mean([j.loss for j in jobs], [j.samples for j in jobs]),
+            selected=len(messages),
+            replied=len(good),
+            failed=len(messages) - len(good),
+            samples=sum(j.samples for j in jobs),
+            seconds=time.monotonic() - start,
+        )
+        history.append(record)
+        on_round(record, jobs)
+    return FederationResult(dict(zip(keys, weights, strict=True)), history)
+
+
+def _wait_for_nodes(grid: Grid, wanted: int) -> list[int]:
+    """Block until the grid has nodes (all `wanted` or whatever came within the wait)."""
+    deadline = time.monotonic() + NODE_WAIT_SECONDS
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= wanted or (nodes and time.monotonic() > deadline):
+            return nodes
+        if time.monotonic() > deadline:
+            raise EdgeschedError(f"no client node connected within {NODE_WAIT_SECONDS:.0f} s")
+        time.sleep(0.2)
+
+
+def _metric(reply: Message, key: str) -> float:
+    return float(reply.content[METRICS][key])
+
+
+def _job_record(rnd: int, reply: Message) -> JobRecord:
+    m = reply.content[METRICS]
+    return JobRecord(
+        round=rnd,
+        partition=int(m["partition-id"]),
+        node_id=reply.metadata.src_node_id,
+        device_id=str(reply.content[DEVICE]["device-id"]),
+        samples=int(m["samples"]),
+        steps=int(m["steps"]),
+        seconds=float(m["seconds"]),
+        samples_per_second=float(m["samples-per-second"]),
+        loss=float(m["loss"]),
+    )
+
+
+def _weighted_mean(values: list[float], weights: list[int]) -> float:
+    return float(np.average(values, weights=weights)) if values and sum(weights) else float("nan")

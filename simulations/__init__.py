@@ -1,0 +1,1 @@
+"""Virtual fleets on one machine (installed as edgesched.simulations)."""

@@ -1,0 +1,49 @@
+"""Live progress for long runs: a bar on a terminal, one plain line per round otherwise."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from edgesched.results import JobRecord, RoundRecord
+
+
+class RoundProgress:
+    """Context manager that shows round, accuracy, loss and elapsed time as rounds finish."""
+
+    def __init__(self, total_rounds: int, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.total = total_rounds
+        self._start = time.monotonic()
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("round {task.completed}/{task.total}"),
+            TextColumn("acc {task.fields[acc]}  loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not self.console.is_terminal,
+        )
+        self._task = self._progress.add_task("starting the simulation engine", total=total_rounds, acc="-", loss="-")
+
+    def __enter__(self) -> RoundProgress:
+        if not self.console.is_terminal:
+            self.console.print(f"starting the simulation engine; {self.total} rounds to go")
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def on_round(self, record: RoundRecord, jobs: list[JobRecord]) -> None:
+        acc, loss = f"{record.accuracy:.2%}", f"{record.loss:.3f}"
+        self._progress.update(self._task, completed=record.round, acc=acc, loss=loss, description="training")
+        if not self.console.is_terminal:
+            elapsed = time.monotonic() - self._start
+            self.console.print(
+                f"round {record.round}/{self.total}  acc {acc}  loss {loss}  "
+                f"{record.replied}/{record.selected} replied  {elapsed:.0f} s"
+            )

@@ -1,0 +1,40 @@
+import pytest
+
+from edgesched.config import RunConfig
+from edgesched.errors import ConfigError
+
+
+def test_from_mapping_reads_kebab_case_and_coerces_strings():
+    cfg = RunConfig.from_mapping({"dataset": "digits", "local-epochs": "3", "lr": "0.1", "fraction-train": 1})
+    assert (cfg.dataset, cfg.local_epochs, cfg.lr, cfg.fraction_train) == ("digits", 3, 0.1, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"epochs": 2}, "'epochs'"),
+        ({"rounds": "many"}, "rounds"),
+        ({"rounds": 2.5}, "rounds"),
+        ({"rounds": 0}, "rounds"),
+        ({"fraction-train": 1.5}, "fraction-train"),
+        ({"dataset": "cifar"}, "dataset"),
+        ({"partitioner": "shards"}, "partitioner"),
+        ({"lr": True}, "lr"),
+    ],
+)
+def test_bad_values_name_their_key(values, key):
+    with pytest.raises(ConfigError, match=key):
+        RunConfig.from_mapping(values)
+
+
+def test_resolved_fills_dataset_defaults():
+    hapt = RunConfig(dataset="hapt", data_dir="/data/hapt").resolved()
+    assert (hapt.partitioner, hapt.clients) == ("natural", 30)
+    fmnist = RunConfig().resolved()
+    assert fmnist.data_dir == "/usr/share/datasets/fashion-mnist"
+    assert fmnist.partitioner == "dirichlet"
+
+
+def test_mapping_round_trip():
+    cfg = RunConfig(dataset="digits", clients=7, rounds=3).resolved()
+    assert RunConfig.from_mapping(cfg.to_mapping()) == cfg

@@ -1,0 +1,48 @@
+"""The ClientApp called the way a SuperNode calls it: a train message in, a reply out."""
+
+import time
+
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, Metadata, RecordDict
+from flwr.app.message.message import make_message
+
+from edgesched.clients.app import app
+from edgesched.config import RunConfig
+from edgesched.jobs import job_config
+from edgesched.models import build_model
+
+
+def _call(message_type: str, partition_id: int, node_config: dict):
+    cfg = RunConfig(dataset="digits", clients=5, local_epochs=2).resolved()
+    metadata = Metadata(
+        run_id=1, message_id="m1", src_node_id=1, dst_node_id=7, reply_to_message_id="", group_id="1",
+        created_at=time.time(), ttl=60, message_type=message_type,
+    )
+    content = RecordDict({
+        "arrays": ArrayRecord(build_model("digits").state_dict()),
+        "config": ConfigRecord(job_config(cfg, 1, partition_id)),
+    })
+    context = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
+    reply = app(make_message(metadata, content), context)
+    assert not reply.has_error(), reply.error
+    return reply
+
+
+def test_train_reply_reports_what_it_did_and_how_fast():
+    reply = _call(MessageType.TRAIN, partition_id=2, node_config={"device-id": "pi4-lab-07"})
+    m = reply.content["metrics"]
+    assert m["partition-id"] == 2
+    assert m["samples"] == 2 * m["num-examples"] > 0  # two local epochs
+    assert m["steps"] == 2 * -(-m["num-examples"] // 32)
+    assert m["seconds"] > 0
+    assert m["samples-per-second"] == pytest.approx(m["samples"] / m["seconds"])
+    assert reply.content["device"]["device-id"] == "pi4-lab-07"
+    assert set(reply.content["arrays"]) == set(build_model("digits").state_dict())
+
+
+def test_evaluate_reply_and_default_device_id():
+    reply = _call(MessageType.EVALUATE, partition_id=0, node_config={})
+    m = reply.content["metrics"]
+    assert 0.0 <= m["accuracy"] <= 1.0 and m["num-examples"] > 0
+    assert reply.content["device"]["device-id"] == "node-7"
+    assert "arrays" not in reply.content
