@@ -14,8 +14,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from edgesched import data, partition
-from edgesched.models import build_model
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
+from edgesched.models import build_model
 from edgesched.training import evaluate, train
 
 app = ClientApp()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Annotated
 
 import click
 import typer
@@ -17,6 +18,7 @@ from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
 
 app = typer.Typer(
+    rich_markup_mode="markdown",
     help="Federated training for fleets of edge devices, scheduled from their live resources.",
     no_args_is_help=True,
     add_completion=False,
@@ -31,21 +33,35 @@ def _group() -> None:
     """Federated training for fleets of edge devices, scheduled from their live resources."""
 
 
+Opt = typer.Option
+
+
 @app.command()
 def simulate(
-    dataset: str = typer.Option(_DEFAULTS.dataset, help="fmnist (Fashion-MNIST), hapt (UCI HAPT, 30 users) or digits (quick)."),
-    data_dir: Path | None = typer.Option(None, help="Folder with the data set's files. Default for fmnist: /usr/share/datasets/fashion-mnist; hapt needs the folder holding hapt_raw_by_user.npz."),
-    clients: int | None = typer.Option(None, help="Virtual clients. Default: 10 for fmnist and digits; 30 for hapt, one per user."),
-    rounds: int = typer.Option(_DEFAULTS.rounds, help="Federated rounds."),
-    seed: int = typer.Option(_DEFAULTS.seed, help="Seed for the split, sampling and initial weights."),
-    out: Path | None = typer.Option(None, help="Run directory. Default: runs/DATASET-DATE-TIME."),
-    partitioner: str | None = typer.Option(None, help="iid, dirichlet (label skew) or natural (by user). Default: natural for hapt, dirichlet otherwise."),
-    alpha: float = typer.Option(_DEFAULTS.alpha, help="Dirichlet concentration: smaller is more skewed."),
-    fraction_train: float = typer.Option(_DEFAULTS.fraction_train, help="Share of clients that train each round."),
-    local_epochs: int = typer.Option(_DEFAULTS.local_epochs, help="Local epochs per job."),
-    batch_size: int = typer.Option(_DEFAULTS.batch_size, help="Local mini-batch size."),
-    lr: float = typer.Option(_DEFAULTS.lr, help="Local SGD learning rate (momentum 0.9)."),
-    client_cpus: float = typer.Option(_DEFAULTS.client_cpus, help="CPU cores per simulated client; cores / this = parallel workers."),
+    dataset: Annotated[str, Opt(help="fmnist (Fashion-MNIST), hapt (UCI HAPT, 30 users) or digits (quick).")] = (
+        _DEFAULTS.dataset
+    ),
+    data_dir: Annotated[Path | None, Opt(help=(
+        "Folder with the data set's files. Default for fmnist: /usr/share/datasets/fashion-mnist; "
+        "hapt needs the folder holding hapt_raw_by_user.npz."
+    ))] = None,
+    clients: Annotated[int | None, Opt(help=(
+        "Virtual clients. Default: 10 for fmnist and digits; 30 for hapt, one per user."
+    ))] = None,
+    rounds: Annotated[int, Opt(help="Federated rounds.")] = _DEFAULTS.rounds,
+    seed: Annotated[int, Opt(help="Seed for the split, sampling and initial weights.")] = _DEFAULTS.seed,
+    out: Annotated[Path | None, Opt(help="Run directory. Default: runs/DATASET-DATE-TIME.")] = None,
+    partitioner: Annotated[str | None, Opt(help=(
+        "iid, dirichlet (label skew) or natural (by user). Default: natural for hapt, dirichlet otherwise."
+    ))] = None,
+    alpha: Annotated[float, Opt(help="Dirichlet concentration: smaller is more skewed.")] = _DEFAULTS.alpha,
+    fraction_train: Annotated[float, Opt(help="Share of clients that train each round.")] = _DEFAULTS.fraction_train,
+    local_epochs: Annotated[int, Opt(help="Local epochs per job.")] = _DEFAULTS.local_epochs,
+    batch_size: Annotated[int, Opt(help="Local mini-batch size.")] = _DEFAULTS.batch_size,
+    lr: Annotated[float, Opt(help="Local SGD learning rate (momentum 0.9).")] = _DEFAULTS.lr,
+    client_cpus: Annotated[float, Opt(help=(
+        "CPU cores per simulated client; cores / this = parallel workers."
+    ))] = _DEFAULTS.client_cpus,
 ) -> None:
     """Simulate a federation on this machine and write a run directory.
 

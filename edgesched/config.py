@@ -32,7 +32,7 @@ class RunConfig:
     partitioner: str | None = None
     alpha: float = 0.3
     clients: int | None = None
-    fraction_train: float = 0.5
+    fraction_train: float = 1.0
     rounds: int = 20
     local_epochs: int = 1
     batch_size: int = 32

@@ -118,7 +118,9 @@ def load_hapt(folder: Path) -> Dataset:
     try:
         raw = np.load(path)
     except (OSError, ValueError) as exc:
-        raise DataError(f"cannot read HAPT data {path}: {exc}; point --data-dir at the folder holding {HAPT_FILE}") from exc
+        raise DataError(
+            f"cannot read HAPT data {path}: {exc}; point --data-dir at the folder holding {HAPT_FILE}"
+        ) from exc
     sessions = sorted({m.group(1) for k in raw.files if (m := re.fullmatch(r"(u\d+_s\d+)_X", k))})
     if not sessions:
         raise DataError(f"{path} holds no uNN_sK_X arrays; is it the HAPT file?")
@@ -126,7 +128,7 @@ def load_hapt(folder: Path) -> Dataset:
     for session in sessions:
         x, y = _windows(raw[f"{session}_X"], raw[f"{session}_y"])
         user = int(session[1:3])
-        cut = int(round(len(x) * (1 - HAPT_TEST_SHARE)))
+        cut = round(len(x) * (1 - HAPT_TEST_SHARE))
         for bucket, sl in ((train, slice(None, cut)), (test, slice(cut, None))):
             bucket[0].append(x[sl])
             bucket[1].append(y[sl])
@@ -135,7 +137,9 @@ def load_hapt(folder: Path) -> Dataset:
     x_test, y_test = np.concatenate(test[0]), np.concatenate(test[1])
     mean = x_train.mean(axis=(0, 2), keepdims=True)
     std = x_train.std(axis=(0, 2), keepdims=True) + 1e-6
-    return Dataset("hapt", (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, num_classes=12, groups=groups)
+    return Dataset(
+        "hapt", (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, num_classes=12, groups=groups
+    )
 
 
 def _windows(signal: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

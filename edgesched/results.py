@@ -105,10 +105,12 @@ def plot_accuracy(rounds: list[RoundRecord], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     x = [r.round for r in rounds]
     fig, acc_ax = plt.subplots(figsize=(7, 4), dpi=110)
     acc_ax.plot(x, [100 * r.accuracy for r in rounds], "o-", color="tab:blue", label="test accuracy")
+    acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     acc_ax.set_xlabel("round")
     acc_ax.set_ylabel("test accuracy (%)", color="tab:blue")
     acc_ax.grid(alpha=0.3)

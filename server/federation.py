@@ -21,8 +21,8 @@ from edgesched import data
 from edgesched.aggregate import weighted_average
 from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
-from edgesched.results import JobRecord, RoundRecord
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_config
+from edgesched.results import JobRecord, RoundRecord
 
 log = logging.getLogger(__name__)
 NODE_WAIT_SECONDS = 120.0

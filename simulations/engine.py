@@ -25,8 +25,9 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     """Run `cfg` (already resolved) and return the summary written to `out_dir`."""
     data.load(cfg.dataset, cfg.data_dir)  # fail fast on missing data, before Ray starts
     recorder = RunRecorder(out_dir, cfg.to_mapping())
-    _quiet_engine()
     from flwr.simulation import run_simulation
+
+    _quiet_engine()  # after importing Flower, which sets its logger's level on import
 
     from edgesched.clients.app import app as client_app
     from edgesched.server.app import make_server_app

@@ -1,0 +1,48 @@
+"""Bad input ends in one line on stderr and a non-zero exit code: never a traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "edgesched", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["simulate", "--dataset", "cifar"], 1, "dataset: unknown 'cifar'"),
+        (["simulate", "--data-dir", "/nonexistent/fmnist"], 1, "not found in /nonexistent/fmnist"),
+        (["simulate", "--dataset", "hapt"], 1, "hapt needs --data-dir"),
+        (["simulate", "--rounds", "ten"], 2, "'ten' is not a valid integer"),
+        (["simulate", "--rounds", "0"], 1, "rounds: must be >= 1"),
+        (["simulate", "--fraction-train", "2"], 1, "fraction-train: must be in (0, 1]"),
+        (["simulate", "--epochs", "3"], 2, "No such option"),
+        (["launch"], 2, "No such command"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, code, says):
+    result = _run(*args)
+    assert result.returncode == code
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("edgesched: error: ") and says in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_finished_run_is_never_overwritten(tmp_path):
+    (tmp_path / "summary.json").write_text("{}")
+    result = _run("simulate", "--dataset", "digits", "--out", str(tmp_path))
+    assert result.returncode == 1
+    assert "already holds a finished run" in result.stderr
+    assert (tmp_path / "summary.json").read_text() == "{}"
+
+
+def test_help_teaches_the_options():
+    result = _run("simulate", "--help")
+    assert result.returncode == 0
+    for option in ("--dataset", "--data-dir", "--clients", "--rounds", "--seed", "--out", "--alpha"):
+        assert option in result.stdout
