@@ -9,12 +9,12 @@ BIN := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: simulate test setup data
+.PHONY: simulate test setup data mosquitto
 
 simulate: setup data
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/edgesched simulate $(ARGS)
 
-test: setup data
+test: setup data mosquitto
 	$(BIN)/ruff check .
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/pytest $(PYTEST_ARGS)
 
@@ -26,7 +26,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[simulation,dev]'
+	$(BIN)/pip install --quiet -e '.[simulation,broker,dev]'
+	$(BIN)/pip install --quiet --no-deps amqtt==0.12.1
 	touch $@
 
 data:
@@ -34,3 +35,10 @@ data:
 	elif command -v apt-get >/dev/null; then \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq dataset-fashion-mnist; \
 	else echo "Fashion-MNIST is not in $(FMNIST); pass ARGS='--data-dir DIR' to point at its IDX files"; fi
+
+# The tests run a real Mosquitto (started on a free loopback port by a fixture).
+mosquitto:
+	@if command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; then :; \
+	elif command -v apt-get >/dev/null; then \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mosquitto; \
+	else echo "mosquitto is not installed: the MQTT tests against it will be skipped"; fi

@@ -16,6 +16,7 @@ from flwr.clientapp import ClientApp
 from edgesched import data, partition
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
 from edgesched.models import build_model
+from edgesched.telemetry import write_job_report
 from edgesched.training import evaluate, train
 
 app = ClientApp()
@@ -37,6 +38,8 @@ def train_job(msg: Message, context: Context) -> Message:
         seed=job_seed(int(job["seed"]), int(job["server-round"]), int(job["partition-id"])),
     )
     metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), **report.as_metrics()}
+    if "device-id" in context.node_config:  # a real board: hand the speed to its agent
+        write_job_report(_device_id(context), report.samples_per_second, report.seconds)
     return _reply(msg, context, ArrayRecord(model.state_dict()), metrics)
 
 

@@ -15,7 +15,7 @@ import click
 import typer
 
 from edgesched.config import RunConfig
-from edgesched.errors import EdgeschedError
+from edgesched.errors import ConfigError, EdgeschedError
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -85,6 +85,44 @@ def simulate(
         f"final accuracy {summary['final_accuracy']:.2%} after {summary['rounds']} rounds "
         f"in {summary['seconds']:.0f} s; results in {out_dir}"
     )
+
+
+@app.command()
+def agent(
+    broker: Annotated[str, Opt(help="The gateway's broker: mqtt://host:port, or mqtts://host:port for TLS.")],
+    device_id: Annotated[str, Opt(help="This device's id (letters, digits, _ . -); the same as its SuperNode's "
+                                      "node config device-id.")],
+    fleet: Annotated[str, Opt(help="Fleet name: the topic level that separates fleets on one broker.")] = "default",
+    interval: Annotated[float, Opt(help="Seconds between heartbeats.")] = 5.0,
+    keepalive: Annotated[int, Opt(help="MQTT keepalive in seconds: the broker declares this device offline "
+                                       "1.5 x keepalive after it goes silent.")] = 30,
+    ca_file: Annotated[Path | None, Opt(help="CA certificate that signed the broker's (mqtts:// only).")] = None,
+    username: Annotated[str | None, Opt(help="MQTT user name (usually the device id).")] = None,
+    password: Annotated[str | None, Opt(help="MQTT password; better set EDGESCHED_MQTT_PASSWORD, which other "
+                                             "users cannot see in the process list.")] = None,
+) -> None:
+    """Publish this device's resources to the gateway over MQTT until stopped.
+
+    Heartbeats carry CPU load and frequency, memory, temperature and throttling, battery,
+    link type and round-trip time, and the last training job's speed (which the ClientApp
+    leaves in a local file). Status "online" and capabilities are retained; "offline" is
+    the Last Will. SIGTERM publishes "offline" and exits 0. Needs neither torch nor Flower.
+    """
+    import logging
+
+    from edgesched.clients.agent import AgentConfig, run_agent
+    from edgesched.mqtt import BrokerURL
+    from edgesched.telemetry import valid_id
+
+    for name, value in (("--device-id", device_id), ("--fleet", fleet)):
+        if not valid_id(value):
+            raise ConfigError(f"{name} {value!r}: use 1-64 letters, digits, '_', '.' or '-'")
+    if interval <= 0 or keepalive < 1:
+        raise ConfigError("--interval must be > 0 and --keepalive >= 1")
+    url = BrokerURL.parse(broker, username, password)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    config = AgentConfig(url, device_id, fleet, interval, keepalive, str(ca_file) if ca_file else None)
+    run_agent(config)
 
 
 def main(argv: list[str] | None = None) -> int:
