@@ -46,3 +46,20 @@ def test_help_teaches_the_options():
     assert result.returncode == 0
     for option in ("--dataset", "--data-dir", "--clients", "--rounds", "--seed", "--out", "--alpha"):
         assert option in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--broker", "tcp://gw:1883", "--device-id", "pi-1"], "expected mqtt://host[:port]"),
+        (["--broker", "mqtt://gw", "--device-id", "pi 1"], "--device-id 'pi 1'"),
+        (["--broker", "mqtt://gw", "--device-id", "pi-1", "--interval", "0"], "--interval must be > 0"),
+        (["--broker", "mqtts://gw", "--device-id", "pi-1", "--ca-file", "/no/ca.pem"], "CA file /no/ca.pem"),
+        (["--device-id", "pi-1"], "Missing option '--broker'"),
+    ],
+)
+def test_agent_bad_input_is_one_clear_line(args, says):
+    result = _run("agent", *args)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr

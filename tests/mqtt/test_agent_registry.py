@@ -122,8 +122,8 @@ def test_registry_refuses_a_payload_naming_another_device(broker, listen):
     listener = listen(broker.url)
     rogue = _rogue_client(broker.port)
     try:
-        rogue.publish(topic("default", "pi-victim", "heartbeat"), heartbeat("pi-attacker", sent_at=time.time()).to_json(),
-                      qos=1).wait_for_publish(5)
+        forged = heartbeat("pi-attacker", sent_at=time.time()).to_json()
+        rogue.publish(topic("default", "pi-victim", "heartbeat"), forged, qos=1).wait_for_publish(5)
         wait_until(lambda: listener.snapshot().dropped.get("id_mismatch") == 1, 5, "id_mismatch counted")
         assert "pi-victim" not in listener.snapshot().devices
     finally:

@@ -1,0 +1,68 @@
+"""The agent without a broker: what it imports, and what it keeps while disconnected."""
+
+import subprocess
+import sys
+
+import pytest
+
+from edgesched.broker import free_port
+from edgesched.clients import probes
+from edgesched.clients.agent import Agent, AgentConfig
+from edgesched.mqtt import BrokerURL
+from edgesched.telemetry import Heartbeat
+
+
+def test_the_agent_imports_neither_torch_nor_flower():
+    code = (
+        "import sys; from edgesched import cli; from edgesched.clients import agent, probes; "
+        "probes.read_resources(); probes.capabilities(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray', 'onnxruntime'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_disconnected_agent_keeps_only_the_newest_heartbeat():
+    url = BrokerURL.parse(f"mqtt://127.0.0.1:{free_port()}")  # nothing listens there
+    agent = Agent(AgentConfig(url, "pi-offline"))
+    for _ in range(5):
+        agent._beat()
+    assert agent._pending is not None and agent._pending.seq == 5
+    assert len(agent._client._out_messages) == 0  # nothing queued inside paho either
+
+
+def test_probes_produce_a_valid_heartbeat_on_this_machine():
+    hb = Heartbeat(device_id="here", session=1, seq=1, sent_at=1.0, **probes.read_resources())
+    assert hb.mem_total_mb > 0 and hb.net_type in ("ethernet", "wifi", "cellular", "unknown")
+
+
+@pytest.mark.parametrize(("name", "kind"), [("wlan0", "wifi"), ("eth0", "ethernet"), ("enp3s0", "ethernet"),
+                                            ("wwan0", "cellular"), ("rmnet_data0", "cellular"), ("lo", "unknown")])
+def test_interface_names_map_to_link_types(name, kind):
+    assert probes.classify_interface(name) == kind
+
+
+def test_default_route_decides_the_link_type(tmp_path):
+    table = tmp_path / "route"
+    table.write_text("Iface\tDestination\tGateway\nwlan0\t0000A8C0\t00000000\nwlan0\t00000000\t0101A8C0\n")
+    assert probes.net_type(table) == "wifi"
+    assert probes.net_type(tmp_path / "missing") == "unknown"
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [("http://gw:1883", "expected mqtt://"), ("mqtt://", "expected mqtt://"), ("mqtt://gw:99999", "broker URL")],
+)
+def test_bad_broker_urls_are_refused(url, says):
+    from edgesched.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        BrokerURL.parse(url)
+
+
+def test_broker_url_defaults_and_credentials(monkeypatch):
+    monkeypatch.setenv("EDGESCHED_MQTT_PASSWORD", "from-env")
+    plain = BrokerURL.parse("mqtt://gw")
+    assert (plain.port, plain.tls, plain.password) == (1883, False, "from-env")
+    tls = BrokerURL.parse("mqtts://pi%2D1:s3cret@gw.local")
+    assert (tls.port, tls.tls, tls.username, tls.password) == (8883, True, "pi-1", "s3cret")
