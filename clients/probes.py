@@ -12,8 +12,10 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -124,7 +126,7 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _safe(probe):
+def _safe(probe: Callable[[], Any]) -> Any:
     try:
         return probe()
     except (OSError, AttributeError, NotImplementedError, RuntimeError):

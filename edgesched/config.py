@@ -11,11 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from edgesched.data import DATASETS, default_data_dir
 from edgesched.errors import ConfigError
-from edgesched.partition import PARTITIONERS
 
-# Per data set: how it is split by default and into how many clients.
+# The choices live here, with the validation, so that importing the config (as the CLI and the
+# device agent do) costs no numpy: a small board keeps those megabytes for training.
+DATASETS = ("fmnist", "hapt", "digits")
+PARTITIONERS = ("iid", "dirichlet", "natural")
+FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+# Per data set: where it is found and how it is split by default, into how many clients.
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "fmnist": {"partitioner": "dirichlet", "clients": 10},
     "hapt": {"partitioner": "natural", "clients": 30},
@@ -40,6 +44,9 @@ class RunConfig:
     seed: int = 0
     round_timeout: float = 600.0
     client_cpus: float = 1.0
+    broker: str = ""  # "" no telemetry; "embedded" starts one on loopback; or mqtt[s]://host:port
+    fleet: str = "default"
+    heartbeat_interval: float = 5.0
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -55,6 +62,7 @@ class RunConfig:
         _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
         _require(self.round_timeout > 0, "round-timeout", "must be > 0", self.round_timeout)
         _require(self.client_cpus > 0, "client-cpus", "must be > 0", self.client_cpus)
+        _require(self.heartbeat_interval > 0, "heartbeat-interval", "must be > 0", self.heartbeat_interval)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -72,7 +80,7 @@ class RunConfig:
         defaults = DATASET_DEFAULTS[self.dataset]
         return dataclasses.replace(
             self,
-            data_dir=self.data_dir or default_data_dir(self.dataset),
+            data_dir=self.data_dir or (FMNIST_DIR if self.dataset == "fmnist" else None),
             partitioner=self.partitioner or defaults["partitioner"],
             clients=self.clients or defaults["clients"],
         )

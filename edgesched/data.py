@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesched.config import DATASETS
+from edgesched.config import FMNIST_DIR as _FMNIST_DIR
 from edgesched.errors import DataError
 
-DATASETS = ("fmnist", "hapt", "digits")
-FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FMNIST_DIR = Path(_FMNIST_DIR)
 HAPT_FILE = "hapt_raw_by_user.npz"
 HAPT_WINDOW, HAPT_STEP = 128, 64
 HAPT_TEST_SHARE = 0.2
@@ -59,10 +60,6 @@ def load(name: str, data_dir: str | None = None) -> Dataset:
     if name == "digits":
         return load_digits()
     raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
-
-
-def default_data_dir(name: str) -> str | None:
-    return str(FMNIST_DIR) if name == "fmnist" else None
 
 
 def read_idx(path: Path) -> np.ndarray:

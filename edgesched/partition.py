@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgesched.config import PARTITIONERS
 from edgesched.errors import ConfigError
-
-PARTITIONERS = ("iid", "dirichlet", "natural")
 
 
 def iid(num_samples: int, num_partitions: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -22,6 +22,7 @@ from edgesched.aggregate import weighted_average
 from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_config
+from edgesched.mqtt import RegistryListener
 from edgesched.results import JobRecord, RoundRecord
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,10 @@ class FederationResult:
     rounds: list[RoundRecord]
 
 
-def run_federation(grid: Grid, cfg: RunConfig, on_round: RoundCallback) -> FederationResult:
+def run_federation(
+    grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None
+) -> FederationResult:
+    """Run `cfg.rounds` rounds; with telemetry, join each reply's device id to its node id."""
     import torch
 
     from edgesched.models import build_model
@@ -65,6 +69,9 @@ def run_federation(grid: Grid, cfg: RunConfig, on_round: RoundCallback) -> Feder
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
         good = sorted((r for r in replies if r.has_content()), key=lambda r: _metric(r, "partition-id"))
         jobs = [_job_record(rnd, r) for r in good]
+        if telemetry is not None:
+            for job in jobs:
+                telemetry.link_node(job.device_id, job.node_id)
         if good:
             weights = weighted_average(
                 [r.content[ARRAYS].to_numpy_ndarrays() for r in good],

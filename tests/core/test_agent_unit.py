@@ -12,11 +12,11 @@ from edgesched.mqtt import BrokerURL
 from edgesched.telemetry import Heartbeat
 
 
-def test_the_agent_imports_neither_torch_nor_flower():
+def test_the_agent_imports_neither_torch_nor_flower_nor_numpy():
     code = (
         "import sys; from edgesched import cli; from edgesched.clients import agent, probes; "
         "probes.read_resources(); probes.capabilities(); "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray', 'onnxruntime'}))"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'ray', 'onnxruntime', 'numpy'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -109,10 +110,8 @@ def test_broker_restart_is_survived_by_agent_and_registry(broker, listen, agents
     print(f"state back {took:.1f} s after the broker came back")
 
 
-def _rogue_client(url_port: int, username: str | None = None, password: str | None = None) -> mqtt.Client:
+def _rogue_client(url_port: int) -> mqtt.Client:
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"rogue-{time.monotonic_ns()}")
-    if username:
-        client.username_pw_set(username, password)
     client.connect("127.0.0.1", url_port)
     client.loop_start()
     return client
@@ -131,29 +130,36 @@ def test_registry_refuses_a_payload_naming_another_device(broker, listen):
         rogue.disconnect()
 
 
-ACL = """allow_anonymous false
-password_file {passwords}
-acl_file {acl}
-"""
-ACL_RULES = """# a device may publish only under its own id (its user name)
-pattern write edgesched/v1/+/%u/#
-user gateway
-topic read edgesched/v1/#
-"""
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
 
 
-def test_mosquitto_acl_refuses_publishing_under_another_id(mosquitto_factory, listen, agents, tmp_path):
-    passwords = password_file(tmp_path, {"gateway": "gw-secret", "pi-a": "a-secret", "pi-b": "b-secret"})
-    acl = tmp_path / "acl"
-    acl.write_text(ACL_RULES)
-    server = mosquitto_factory(ACL.format(passwords=passwords, acl=acl))
-    listener = listen(server.url, username="gateway", password="gw-secret")
-    agents(server.url, "pi-a", "--username", "pi-a", password="a-secret")
-    wait_until(_online_with_beats(listener, "pi-a"), 15, "pi-a online through the ACL")
-    rogue = _rogue_client(server.port, "pi-a", "a-secret")  # pi-a's credentials, pi-b's topic
+def _shipped_config(folder: Path) -> str:
+    """deploy/mosquitto/mosquitto.conf with its folder and port pointed at the test's."""
+    text = (DEPLOY / "mosquitto.conf").read_text().replace("/etc/mosquitto/conf.d/edgesched/", f"{folder}/")
+    keep = [line for line in text.splitlines() if not line.startswith(("listener ", "persistence"))]
+    (folder / "edgesched.acl").write_text((DEPLOY / "edgesched.acl").read_text())
+    certs = make_test_ca(folder)
+    for name, key in (("ca.crt", "ca"), ("server.crt", "cert"), ("server.key", "key")):
+        certs[key].rename(folder / name)
+    return "\n".join(keep) + "\n"
+
+
+def test_shipped_config_tls_passwords_and_acl(mosquitto_factory, listen, agents, tmp_path):
+    """A device may publish only under its own id; the broker drops anything else."""
+    password_file(tmp_path, {"gateway": "gw-secret", "pi-a": "a-secret"})
+    server = mosquitto_factory(_shipped_config(tmp_path), tls=True)
+    ca = str(tmp_path / "ca.crt")
+    listener = listen(server.url, username="gateway", password="gw-secret", ca_file=ca)
+    agents(server.url, "pi-a", "--username", "pi-a", "--ca-file", ca, password="a-secret")
+    wait_until(_online_with_beats(listener, "pi-a"), 15, "pi-a online through TLS, password and ACL")
+    rogue = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="rogue")
+    rogue.username_pw_set("pi-a", "a-secret")  # pi-a's own credentials...
+    rogue.tls_set(ca_certs=ca)
+    rogue.connect("localhost", server.port)
+    rogue.loop_start()
     try:
         forged = heartbeat("pi-b", sent_at=time.time()).to_json()
-        rogue.publish(topic("default", "pi-b", "heartbeat"), forged, qos=1).wait_for_publish(5)
+        rogue.publish(topic("default", "pi-b", "heartbeat"), forged, qos=1).wait_for_publish(5)  # ...pi-b's topic
         rogue.publish(topic("default", "pi-a", "status"), json.dumps({"v": 1, "x": 1}).encode(),
                       qos=1).wait_for_publish(5)
         wait_until(lambda: listener.snapshot().dropped.get("bad_schema") == 1, 5, "pi-a's own topic still open")
@@ -161,6 +167,9 @@ def test_mosquitto_acl_refuses_publishing_under_another_id(mosquitto_factory, li
     finally:
         rogue.loop_stop()
         rogue.disconnect()
+    wrong = agents(server.url, "pi-c", "--username", "pi-c", "--ca-file", ca, password="guess")
+    time.sleep(1.5)
+    assert "pi-c" not in listener.snapshot().devices and wrong.poll() is None  # refused, still retrying
 
 
 def test_tls_with_a_test_ca(mosquitto_factory, listen, agents, tmp_path):
@@ -171,3 +180,14 @@ def test_tls_with_a_test_ca(mosquitto_factory, listen, agents, tmp_path):
     listener = listen(server.url, ca_file=str(certs["ca"]))
     agents(server.url, "pi-tls", "--ca-file", str(certs["ca"]))
     wait_until(_online_with_beats(listener, "pi-tls"), 15, "pi-tls online over TLS")
+
+
+def test_gateway_telemetry_opens_from_the_run_config(broker, agents):
+    from edgesched.config import RunConfig
+    from edgesched.server.telemetry import open_telemetry
+
+    with open_telemetry(RunConfig(broker="")) as none:
+        assert none is None
+    with open_telemetry(RunConfig(broker=broker.url, fleet="lab", heartbeat_interval=0.3)) as listener:
+        agents(broker.url, "pi-lab", "--fleet", "lab")
+        wait_until(_online_with_beats(listener, "pi-lab"), 15, "pi-lab online in fleet lab")

@@ -1,0 +1,31 @@
+"""The gateway's telemetry for one run: broker (embedded or external) plus the registry feed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from edgesched.broker import EmbeddedBroker
+from edgesched.config import RunConfig
+from edgesched.mqtt import BrokerURL, RegistryListener
+from edgesched.registry import DeviceRegistry, RegistryConfig
+
+EMBEDDED = "embedded"
+EMBEDDED_PORT = 1883
+CONNECT_TIMEOUT = 15.0
+
+
+@contextmanager
+def open_telemetry(cfg: RunConfig) -> Iterator[RegistryListener | None]:
+    """Yield a connected listener for `cfg.broker`, or None when the run has no telemetry."""
+    if not cfg.broker:
+        yield None
+        return
+    with ExitStack() as stack:
+        url = cfg.broker
+        if url == EMBEDDED:
+            url = stack.enter_context(EmbeddedBroker(port=EMBEDDED_PORT)).url
+        registry = DeviceRegistry(RegistryConfig(fleet=cfg.fleet, heartbeat_interval=cfg.heartbeat_interval))
+        listener = stack.enter_context(RegistryListener(registry, BrokerURL.parse(url)))
+        listener.wait_connected(CONNECT_TIMEOUT)
+        yield listener

@@ -1,0 +1,89 @@
+"""The round loop against a Grid stand-in that delivers each message to the real ClientApp.
+
+Each node has its own node config (as `flower-supernode --node-config device-id=...` gives
+it), so this checks per-client ConfigRecords and the device-id <-> node-id link without Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import pytest
+from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from edgesched.clients.app import app as client_app
+from edgesched.config import RunConfig
+from edgesched.registry import DeviceRegistry, RegistryConfig
+from edgesched.server.federation import run_federation
+from edgesched.telemetry import Status, topic
+
+NODES = {101: "pi4-a", 202: "pi5-b", 303: "jetson-c"}
+
+
+class LocalGrid(Grid):
+    """Delivers messages synchronously to the ClientApp; records what each node was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(NODES)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        replies = []
+        for msg in messages:
+            self.sent.append(msg)
+            node = msg.metadata.dst_node_id
+            context = Context(run_id=1, node_id=node, node_config={"device-id": NODES[node]}, state=RecordDict(),
+                              run_config={})
+            replies.append(client_app(msg, context))
+        return replies
+
+    def set_run(self, run_id: int) -> None: ...
+    def run(self): ...
+    def create_message(self, *args, **kwargs): ...
+    def push_messages(self, messages): ...
+    def pull_messages(self, message_ids): ...
+
+
+class RecordingTelemetry:
+    """What run_federation needs of a RegistryListener: link_node, over a real registry."""
+
+    def __init__(self) -> None:
+        self.registry = DeviceRegistry(RegistryConfig())
+        now = time.time()
+        for device in NODES.values():
+            self.registry.ingest(topic("default", device, "status"), Status(device, "online", 1).to_json(), now)
+
+    def link_node(self, device_id: str, node_id: int) -> None:
+        self.registry.link_node(device_id, node_id)
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+
+
+def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+    cfg = RunConfig(dataset="digits", clients=3, rounds=2, local_epochs=3, lr=0.05).resolved()
+    grid, telemetry, rounds = LocalGrid(), RecordingTelemetry(), []
+    result = run_federation(grid, cfg, lambda record, jobs: rounds.append((record, jobs)), telemetry)
+
+    assert len(grid.sent) == 6
+    first_round = [m.content["config"] for m in grid.sent[:3]]
+    assert sorted(int(c["partition-id"]) for c in first_round) == [0, 1, 2]  # a different job per node
+    assert {m.metadata.dst_node_id for m in grid.sent[:3]} == set(NODES)
+
+    snapshot = telemetry.registry.snapshot(time.time())
+    assert {d: snapshot.devices[d].node_id for d in NODES.values()} == {v: k for k, v in NODES.items()}
+    jobs = rounds[-1][1]
+    assert {(j.device_id, j.node_id) for j in jobs} == {(v, k) for k, v in NODES.items()}
+    assert [r.round for r, _ in rounds] == [1, 2] and rounds[-1][0].accuracy > rounds[0][0].accuracy - 0.05
+    assert set(result.weights) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    # Real boards leave their speed for the agent: one report per device id.
+    assert {p.name for p in (tmp_path / "edgesched").iterdir()} == {f"{d}.job.json" for d in NODES.values()}
