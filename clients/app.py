@@ -12,6 +12,7 @@ from functools import lru_cache
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
 from edgesched import data, partition
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
@@ -24,10 +25,7 @@ app = ClientApp()
 
 @app.train()
 def train_job(msg: Message, context: Context) -> Message:
-    job = msg.content[CONFIG]
-    x, y = _local_data(job, context)
-    model = build_model(str(job["dataset"]))
-    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+    job, model, x, y = _prepare(msg, context)
     report = train(
         model,
         x,
@@ -45,16 +43,22 @@ def train_job(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_job(msg: Message, context: Context) -> Message:
-    job = msg.content[CONFIG]
-    x, y = _local_data(job, context)
-    model = build_model(str(job["dataset"]))
-    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+    job, model, x, y = _prepare(msg, context)
     loss, accuracy = evaluate(model, x, y)
     metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), "loss": loss, "accuracy": accuracy}
     return _reply(msg, context, None, metrics)
 
 
-def _reply(msg: Message, context: Context, arrays: ArrayRecord | None, metrics: dict) -> Message:
+def _prepare(msg: Message, context: Context) -> tuple[ConfigRecord, nn.Module, np.ndarray, np.ndarray]:
+    """The job's config, the global model it carries, and the partition it names."""
+    job = msg.content[CONFIG]
+    x, y = _local_data(job, context)
+    model = build_model(str(job["dataset"]))
+    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+    return job, model, x, y
+
+
+def _reply(msg: Message, context: Context, arrays: ArrayRecord | None, metrics: dict[str, float | int]) -> Message:
     content = RecordDict({METRICS: MetricRecord(metrics), DEVICE: ConfigRecord({"device-id": _device_id(context)})})
     if arrays is not None:
         content[ARRAYS] = arrays

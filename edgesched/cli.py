@@ -76,6 +76,7 @@ def simulate(
         dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, rounds=rounds,
         seed=seed, partitioner=partitioner, alpha=alpha, fraction_train=fraction_train,
         local_epochs=local_epochs, batch_size=batch_size, lr=lr, client_cpus=client_cpus,
+        broker="none",  # virtual devices publish no heartbeats of their own yet
     ).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run

@@ -44,7 +44,7 @@ class RunConfig:
     seed: int = 0
     round_timeout: float = 600.0
     client_cpus: float = 1.0
-    broker: str = ""  # "" no telemetry; "embedded" starts one on loopback; or mqtt[s]://host:port
+    broker: str = "embedded"  # "embedded" (loopback, port 1883), "none", or mqtt[s]://host:port
     fleet: str = "default"
     heartbeat_interval: float = 5.0
 
@@ -62,6 +62,8 @@ class RunConfig:
         _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
         _require(self.round_timeout > 0, "round-timeout", "must be > 0", self.round_timeout)
         _require(self.client_cpus > 0, "client-cpus", "must be > 0", self.client_cpus)
+        _require(self.broker in ("embedded", "none") or self.broker.startswith(("mqtt://", "mqtts://")), "broker",
+                 "must be 'embedded', 'none' or an mqtt:// or mqtts:// URL", self.broker)
         _require(self.heartbeat_interval > 0, "heartbeat-interval", "must be > 0", self.heartbeat_interval)
 
     @classmethod

@@ -20,7 +20,10 @@ import re
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 SCHEMA_VERSION = 1
 TOPIC_ROOT = "edgesched/v1"
@@ -73,8 +76,31 @@ def _rule(types: tuple[type, ...], low: float | None = None, high: float | None 
     return (types, low, high, optional)
 
 
+class _WireMessage:
+    """Shared behaviour of the three messages: self-validation and the JSON wire format.
+
+    Subclasses are frozen dataclasses with a `RULES` table; `_check` adds cross-field rules.
+    """
+
+    RULES: ClassVar[dict[str, _Rule]]
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        self._check()
+
+    def _check(self) -> None:
+        """Rules that involve more than one field; none by default."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def from_json(cls, payload: bytes) -> Self:
+        return cls(**_load(payload, cls))
+
+
 @dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(_WireMessage):
     """What a device can do right now. Optional readings are `None` where a board lacks them."""
 
     device_id: str
@@ -119,23 +145,15 @@ class Heartbeat:
         "v": _rule((int,), SCHEMA_VERSION, SCHEMA_VERSION),
     }
 
-    def __post_init__(self) -> None:
-        _check_fields(self)
+    def _check(self) -> None:
         if self.net_type not in NET_TYPES:
             raise TelemetryError("out_of_range", f"net_type {self.net_type!r}")
         if self.mem_available_mb > self.mem_total_mb:
             raise TelemetryError("out_of_range", "mem_available_mb > mem_total_mb")
 
-    def to_json(self) -> bytes:
-        return _dump(self)
-
-    @classmethod
-    def from_json(cls, payload: bytes) -> Heartbeat:
-        return cls(**_load(payload, cls))
-
 
 @dataclass(frozen=True)
-class Capabilities:
+class Capabilities(_WireMessage):
     """What a device is: published retained once per connection."""
 
     device_id: str
@@ -162,19 +180,10 @@ class Capabilities:
         "v": _rule((int,), SCHEMA_VERSION, SCHEMA_VERSION),
     }
 
-    def __post_init__(self) -> None:
-        _check_fields(self)
-
-    def to_json(self) -> bytes:
-        return _dump(self)
-
-    @classmethod
-    def from_json(cls, payload: bytes) -> Capabilities:
-        return cls(**_load(payload, cls))
 
 
 @dataclass(frozen=True)
-class Status:
+class Status(_WireMessage):
     """"online" when an agent connects; "offline" on clean exit and as its Last Will."""
 
     device_id: str
@@ -189,17 +198,9 @@ class Status:
         "v": _rule((int,), SCHEMA_VERSION, SCHEMA_VERSION),
     }
 
-    def __post_init__(self) -> None:
-        _check_fields(self)
+    def _check(self) -> None:
         if self.state not in ("online", "offline"):
             raise TelemetryError("out_of_range", f"state {self.state!r}")
-
-    def to_json(self) -> bytes:
-        return _dump(self)
-
-    @classmethod
-    def from_json(cls, payload: bytes) -> Status:
-        return cls(**_load(payload, cls))
 
 
 def _check_fields(obj: Any) -> None:
@@ -220,10 +221,6 @@ def _check_fields(obj: Any) -> None:
             raise TelemetryError("bad_type", "device_id is not a valid id")
         if isinstance(value, str) and len(value) > 128:
             raise TelemetryError("out_of_range", f"{name} is longer than 128 characters")
-
-
-def _dump(obj: Any) -> bytes:
-    return json.dumps(asdict(obj), separators=(",", ":"), allow_nan=False).encode()
 
 
 def _refuse_constant(name: str) -> None:

@@ -10,7 +10,7 @@ from edgesched.config import RunConfig
 from edgesched.mqtt import BrokerURL, RegistryListener
 from edgesched.registry import DeviceRegistry, RegistryConfig
 
-EMBEDDED = "embedded"
+EMBEDDED, NONE = "embedded", "none"
 EMBEDDED_PORT = 1883
 CONNECT_TIMEOUT = 15.0
 
@@ -18,7 +18,7 @@ CONNECT_TIMEOUT = 15.0
 @contextmanager
 def open_telemetry(cfg: RunConfig) -> Iterator[RegistryListener | None]:
     """Yield a connected listener for `cfg.broker`, or None when the run has no telemetry."""
-    if not cfg.broker:
+    if cfg.broker == NONE:
         yield None
         return
     with ExitStack() as stack:

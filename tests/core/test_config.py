@@ -20,6 +20,7 @@ def test_from_mapping_reads_kebab_case_and_coerces_strings():
         ({"dataset": "cifar"}, "dataset"),
         ({"partitioner": "shards"}, "partitioner"),
         ({"lr": True}, "lr"),
+        ({"broker": "tcp://gw:1883"}, "broker"),
     ],
 )
 def test_bad_values_name_their_key(values, key):
