@@ -17,6 +17,7 @@ from typing import Any
 from edgesched import data
 from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
+from edgesched.models import model_size
 from edgesched.results import JobRecord, RoundRecord, RunRecorder
 from edgesched.simulations.progress import RoundProgress
 
@@ -49,7 +50,8 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
         )
     if not results:
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
-    extra = {"seconds": round(time.monotonic() - started, 2), "dataset": cfg.dataset, "clients": cfg.clients}
+    extra = {"seconds": round(time.monotonic() - started, 2), "dataset": cfg.dataset, "clients": cfg.clients,
+             **model_size(cfg.dataset)}
     return recorder.finish(results[0].weights, extra)
 
 

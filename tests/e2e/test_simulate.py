@@ -27,6 +27,7 @@ def test_accuracy_rises_well_above_chance(fmnist_run):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 3 and summary["failed_jobs"] == 0
     assert summary["final_accuracy"] > 0.6  # chance is 0.1
+    assert summary["model_macs_per_sample"] == 3_024_384 and summary["model_parameters"] == 215_370
     rows = list(csv.DictReader((out / "rounds.csv").open()))
     accuracies = [float(r["accuracy"]) for r in rows]
     assert [int(r["round"]) for r in rows] == [1, 2, 3]
@@ -55,3 +56,19 @@ def test_run_directory_is_complete(fmnist_run):
     assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "final accuracy" in result.stdout
     assert "round 3/3" in result.stderr  # progress lines when not on a terminal
+
+
+def test_same_seed_same_model_bytes(tmp_path):
+    """A run repeats exactly: same seed, byte-identical weights and per-round metrics."""
+    outputs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        args = ["simulate", "--dataset", "digits", "--rounds", "2", "--seed", "7", "--out", str(out)]
+        result = subprocess.run([sys.executable, "-m", "edgesched", *args], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(out)
+    a, b = outputs
+    assert (a / "model.npz").read_bytes() == (b / "model.npz").read_bytes()
+    columns = ("round", "accuracy", "loss", "train_loss", "samples")
+    rows = [[{k: r[k] for k in columns} for r in csv.DictReader((o / "rounds.csv").open())] for o in outputs]
+    assert rows[0] == rows[1]
