@@ -105,11 +105,13 @@ def _find_idx(folder: Path, stem: str) -> Path:
 
 
 def load_hapt(folder: Path) -> Dataset:
-    """Window each recording session; the last 20 % of every session's windows is the test set.
+    """Window each recording session; per session and activity, the last 20 % is the test set.
 
     Only windows whose 128 samples all carry one label (1-12) are kept, so a window is a
-    clean example of an activity or a posture transition. Splitting per session in time
-    keeps every user in both sets, so all 30 users can be clients.
+    clean example of an activity or a posture transition. Sessions follow a fixed activity
+    protocol, so the test share is taken from every activity of every session (the latest
+    windows of each), not from the end of the session: every user and every activity is in
+    both sets, and all 30 users can be clients.
     """
     path = folder / HAPT_FILE if folder.is_dir() else folder
     try:
@@ -121,17 +123,19 @@ def load_hapt(folder: Path) -> Dataset:
     sessions = sorted({m.group(1) for k in raw.files if (m := re.fullmatch(r"(u\d+_s\d+)_X", k))})
     if not sessions:
         raise DataError(f"{path} holds no uNN_sK_X arrays; is it the HAPT file?")
-    train, test = ([], [], []), ([], [], [])
+    parts: dict[bool, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {False: [], True: []}
     for session in sessions:
         x, y = _windows(raw[f"{session}_X"], raw[f"{session}_y"])
         user = int(session[1:3])
-        cut = round(len(x) * (1 - HAPT_TEST_SHARE))
-        for bucket, sl in ((train, slice(None, cut)), (test, slice(cut, None))):
-            bucket[0].append(x[sl])
-            bucket[1].append(y[sl])
-            bucket[2].append(np.full(len(x[sl]), user, dtype=np.int64))
-    x_train, y_train, groups = (np.concatenate(a) for a in train)
-    x_test, y_test = np.concatenate(test[0]), np.concatenate(test[1])
+        is_test = np.zeros(len(y), dtype=bool)
+        for label in np.unique(y):
+            members = np.flatnonzero(y == label)  # in time order
+            is_test[members[round(len(members) * (1 - HAPT_TEST_SHARE)):]] = True
+        for test in (False, True):
+            keep = is_test == test
+            parts[test].append((x[keep], y[keep], np.full(int(keep.sum()), user, dtype=np.int64)))
+    x_train, y_train, groups = (np.concatenate(a) for a in zip(*parts[False], strict=True))
+    x_test, y_test, _ = (np.concatenate(a) for a in zip(*parts[True], strict=True))
     mean = x_train.mean(axis=(0, 2), keepdims=True)
     std = x_train.std(axis=(0, 2), keepdims=True) + 1e-6
     return Dataset(

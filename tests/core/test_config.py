@@ -30,10 +30,11 @@ def test_bad_values_name_their_key(values, key):
 
 def test_resolved_fills_dataset_defaults():
     hapt = RunConfig(dataset="hapt", data_dir="/data/hapt").resolved()
-    assert (hapt.partitioner, hapt.clients) == ("natural", 30)
+    assert (hapt.partitioner, hapt.clients, hapt.local_epochs) == ("natural", 30, 5)
+    assert RunConfig(dataset="hapt", local_epochs=2).resolved().local_epochs == 2
     fmnist = RunConfig().resolved()
     assert fmnist.data_dir == "/usr/share/datasets/fashion-mnist"
-    assert fmnist.partitioner == "dirichlet"
+    assert (fmnist.partitioner, fmnist.local_epochs) == ("dirichlet", 1)
 
 
 def test_mapping_round_trip():

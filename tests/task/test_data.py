@@ -51,6 +51,15 @@ def test_hapt_windows_keep_all_30_users_in_train_and_test(hapt_dir):
     assert 0.15 < share < 0.25
 
 
+def test_hapt_test_set_holds_every_activity_in_proportion(hapt_dir):
+    """Sessions follow a fixed protocol: a split by time alone would leave activities out."""
+    ds = data.load("hapt", str(hapt_dir))
+    train, test = np.bincount(ds.y_train, minlength=12), np.bincount(ds.y_test, minlength=12)
+    assert (test[:6] > 0).all()  # the six activities
+    share = test / (train + test)
+    assert np.all(np.abs(share[:6] - 0.2) < 0.05)
+
+
 def test_hapt_natural_partition_is_its_users(hapt_dir):
     from edgesched.partition import partition
 
