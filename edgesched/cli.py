@@ -48,8 +48,13 @@ def simulate(
     clients: Annotated[int | None, Opt(help=(
         "Virtual clients. Default: 10 for fmnist and digits; 30 for hapt, one per user."
     ))] = None,
-    rounds: Annotated[int, Opt(help="Federated rounds.")] = _DEFAULTS.rounds,
-    seed: Annotated[int, Opt(help="Seed for the split, sampling and initial weights.")] = _DEFAULTS.seed,
+    rounds: Annotated[int | None, Opt(help=(
+        f"Federated rounds. Default: {_DEFAULTS.rounds}, or the fleet file's."
+    ))] = None,
+    seed: Annotated[int | None, Opt(help=(
+        f"Seed for the split, sampling, initial weights and the fleet's dynamics. Default: {_DEFAULTS.seed}, "
+        "or the fleet file's."
+    ))] = None,
     out: Annotated[Path | None, Opt(help="Run directory. Default: runs/DATASET-DATE-TIME.")] = None,
     partitioner: Annotated[str | None, Opt(help=(
         "iid, dirichlet (label skew) or natural (by user). Default: natural for hapt, dirichlet otherwise."
@@ -64,6 +69,15 @@ def simulate(
     client_cpus: Annotated[float, Opt(help=(
         "CPU cores per simulated client; cores / this = parallel workers."
     ))] = _DEFAULTS.client_cpus,
+    fleet: Annotated[str | None, Opt(help=(
+        "A fleet file (TOML) or the name of a shipped one (lab-20, campus-100, phones-1000): virtual devices "
+        "calibrated on real boards and phones, trained for real, timed in virtual seconds. The file sets the "
+        "data and training options; --seed, --rounds, --data-dir and --dropout override it."
+    ))] = None,
+    strategy: Annotated[str, Opt(help="With --fleet: fedavg (Flower's stock FedAvg).")] = "fedavg",
+    dropout: Annotated[float | None, Opt(help=(
+        "With --fleet: probability that a device drops out during a job (overrides the file)."
+    ))] = None,
 ) -> None:
     """Simulate a federation on this machine and write a run directory.
 
@@ -74,11 +88,16 @@ def simulate(
     round), jobs.csv (each client job: samples, steps, seconds, samples/s), summary.json,
     model.npz (the final global weights) and accuracy.png.
     """
+    if fleet is not None:
+        _simulate_fleet(fleet, strategy, seed, rounds, dropout, str(data_dir) if data_dir else None, out)
+        return
+    if dropout is not None or strategy != "fedavg":
+        raise ConfigError("--dropout and --strategy need --fleet: they describe a virtual fleet")
+    optional = {"rounds": rounds, "seed": seed}
     cfg = RunConfig(
-        dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, rounds=rounds,
-        seed=seed, partitioner=partitioner, alpha=alpha, fraction_train=fraction_train,
-        local_epochs=local_epochs, batch_size=batch_size, lr=lr, client_cpus=client_cpus,
-        broker="none",  # virtual devices publish no heartbeats of their own yet
+        dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, partitioner=partitioner,
+        alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
+        client_cpus=client_cpus, broker="none", **{k: v for k, v in optional.items() if v is not None},
     ).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run
@@ -87,6 +106,24 @@ def simulate(
     typer.echo(
         f"final accuracy {summary['final_accuracy']:.2%} after {summary['rounds']} rounds "
         f"in {summary['seconds']:.0f} s; results in {out_dir}"
+    )
+
+
+def _simulate_fleet(name: str, strategy: str, seed: int | None, rounds: int | None, dropout: float | None,
+                    data_dir: str | None, out: Path | None) -> None:
+    from edgesched.simulations.fleet import load_fleet
+    from edgesched.simulations.fleet_run import simulate_fleet
+
+    spec = load_fleet(name).with_overrides(seed=seed, rounds=rounds, dropout=dropout, data_dir=data_dir)
+    out_dir = out or Path("runs") / f"{spec.name}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    summary = simulate_fleet(spec, out_dir, strategy)
+    reached = summary["time_to_target_s"]
+    target = f"target {spec.target_accuracy:.0%} reached at {reached:.0f} virtual s" if reached is not None \
+        else f"target {spec.target_accuracy:.0%} not reached"
+    typer.echo(
+        f"final accuracy {summary['final_accuracy']:.2%} after {summary['rounds']} rounds, "
+        f"{summary['virtual_seconds']:.0f} virtual s ({summary['seconds']:.0f} s real); {target}; "
+        f"results in {out_dir}"
     )
 
 

@@ -19,7 +19,8 @@ from edgesched.errors import ConfigError
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One round as the server saw it; `seconds` counts from the start of the run."""
+    """One round as the server saw it; `seconds` counts from the start of the run (wall
+    clock), `virtual_seconds` from the start of a virtual fleet's run (None without one)."""
 
     round: int
     accuracy: float
@@ -30,6 +31,7 @@ class RoundRecord:
     failed: int
     samples: int
     seconds: float
+    virtual_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -99,19 +101,22 @@ class _CsvLog:
         self._file.close()
 
 
-def plot_accuracy(rounds: list[RoundRecord], path: Path) -> None:
-    """Test accuracy and loss of the global model per round, as a PNG."""
+def plot_accuracy(rounds: list[RoundRecord], path: Path, virtual_time: bool = False) -> None:
+    """Test accuracy and loss of the global model per round (or per virtual hour), as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    x = [r.round for r in rounds]
+    x = [(r.virtual_seconds or 0.0) / 3600 if virtual_time else r.round for r in rounds]
     fig, acc_ax = plt.subplots(figsize=(7, 4), dpi=110)
     acc_ax.plot(x, [100 * r.accuracy for r in rounds], "o-", color="tab:blue", label="test accuracy")
-    acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    acc_ax.set_xlabel("round")
+    if virtual_time:
+        acc_ax.set_xlabel("virtual time (hours)")
+    else:
+        acc_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        acc_ax.set_xlabel("round")
     acc_ax.set_ylabel("test accuracy (%)", color="tab:blue")
     acc_ax.grid(alpha=0.3)
     loss_ax = acc_ax.twinx()

@@ -68,7 +68,7 @@ def run_federation(
         ]
         replies = list(grid.send_and_receive(messages, timeout=cfg.round_timeout))
         good = sorted((r for r in replies if r.has_content()), key=lambda r: _metric(r, "partition-id"))
-        jobs = [_job_record(rnd, r) for r in good]
+        jobs = [job_record(rnd, r) for r in good]
         if telemetry is not None:
             for job in jobs:
                 telemetry.link_node(job.device_id, job.node_id)
@@ -85,7 +85,7 @@ def run_federation(
             round=rnd,
             accuracy=accuracy,
             loss=loss,
-            train_loss=_weighted_mean([j.loss for j in jobs], [j.samples for j in jobs]),
+            train_loss=mean_train_loss(jobs),
             selected=len(messages),
             replied=len(good),
             failed=len(messages) - len(good),
@@ -113,7 +113,8 @@ def _metric(reply: Message, key: str) -> float:
     return float(reply.content[METRICS][key])
 
 
-def _job_record(rnd: int, reply: Message) -> JobRecord:
+def job_record(rnd: int, reply: Message) -> JobRecord:
+    """A ClientApp reply's report as a row of jobs.csv."""
     m = reply.content[METRICS]
     return JobRecord(
         round=rnd,
@@ -128,5 +129,7 @@ def _job_record(rnd: int, reply: Message) -> JobRecord:
     )
 
 
-def _weighted_mean(values: list[float], weights: list[int]) -> float:
-    return float(np.average(values, weights=weights)) if values and sum(weights) else float("nan")
+def mean_train_loss(jobs: list[JobRecord]) -> float:
+    """The clients' training loss, weighted by the samples each trained."""
+    weights = [j.samples for j in jobs]
+    return float(np.average([j.loss for j in jobs], weights=weights)) if jobs and sum(weights) else float("nan")

@@ -11,8 +11,9 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgesched import data
 from edgesched.config import RunConfig
@@ -21,16 +22,15 @@ from edgesched.models import model_size
 from edgesched.results import JobRecord, RoundRecord, RunRecorder
 from edgesched.simulations.progress import RoundProgress
 
+if TYPE_CHECKING:
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+
 
 def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     """Run `cfg` (already resolved) and return the summary written to `out_dir`."""
     data.load(cfg.dataset, cfg.data_dir)  # fail fast on missing data, before Ray starts
     recorder = RunRecorder(out_dir, cfg.to_mapping())
-    from flwr.simulation import run_simulation
-
-    _quiet_engine()  # after importing Flower, which sets its logger's level on import
-
-    from edgesched.clients.app import app as client_app
     from edgesched.server.app import make_server_app
     from edgesched.server.federation import FederationResult
 
@@ -42,17 +42,32 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
             recorder.on_round(record, jobs)
             progress.on_round(record, jobs)
 
-        run_simulation(
-            server_app=make_server_app(cfg, on_round, results.append),
-            client_app=client_app,
-            num_supernodes=cfg.clients or 1,
-            backend_config=_backend_config(cfg),
-        )
+        run_engine(make_server_app(cfg, on_round, results.append), cfg, num_nodes=cfg.clients or 1)
     if not results:
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
     extra = {"seconds": round(time.monotonic() - started, 2), "dataset": cfg.dataset, "clients": cfg.clients,
              **model_size(cfg.dataset)}
     return recorder.finish(results[0].weights, extra)
+
+
+def run_engine(server: ServerApp | Callable[[Grid, Context], None], cfg: RunConfig, num_nodes: int) -> None:
+    """Run a ServerApp (or a ServerApp main function) against `num_nodes` simulated nodes."""
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from edgesched.clients.app import app as client_app
+
+    _quiet_engine()  # after importing Flower, which sets its logger's level on import
+    if not isinstance(server, ServerApp):
+        main, server = server, ServerApp()
+        server.main()(main)
+    run_simulation(server_app=server, client_app=client_app, num_supernodes=num_nodes,
+                   backend_config=_backend_config(cfg))
+
+
+def workers(cfg: RunConfig) -> int:
+    """Parallel training workers: the machine's cores divided by the cores each client gets."""
+    return max(1, int((os.cpu_count() or 1) / cfg.client_cpus))
 
 
 def _backend_config(cfg: RunConfig) -> dict[str, Any]:

@@ -43,7 +43,8 @@ class RoundProgress:
         self._progress.update(self._task, completed=record.round, acc=acc, loss=loss, description="training")
         if not self.console.is_terminal:
             elapsed = time.monotonic() - self._start
+            virtual = f"  virtual {record.virtual_seconds:.0f} s" if record.virtual_seconds is not None else ""
             self.console.print(
                 f"round {record.round}/{self.total}  acc {acc}  loss {loss}  "
-                f"{record.replied}/{record.selected} replied  {elapsed:.0f} s"
+                f"{record.replied}/{record.selected} replied{virtual}  {elapsed:.0f} s"
             )

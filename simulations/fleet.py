@@ -1,0 +1,190 @@
+"""Fleet files: the devices of a virtual fleet, its data, training and dynamics, in TOML.
+
+Every value is checked on load; an error names the file and the key, e.g.
+`lab.toml: devices[2].board: unknown 'rpi9'; known: rpi4, rpi5, ...`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgesched.config import RunConfig
+from edgesched.errors import ConfigError
+from edgesched.simulations.catalog import Catalog, load_catalog
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (JetPack 6)
+    import tomli as tomllib
+
+FLEETS = Path(__file__).with_name("fleets")
+ALWAYS_ON_S = 1e12
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    board: str
+    count: int
+    network: str
+    online_s: float = ALWAYS_ON_S  # mean length of an online period (exponential)
+    offline_s: float = 0.0  # mean length of an offline period; 0 = never offline
+
+
+@dataclass(frozen=True)
+class Dynamics:
+    dropout: float = 0.0  # probability that a device drops out during a job
+    background_load: float = 0.0  # mean extra slowdown of a job from other work (0.2 = 20 % slower)
+    availability: bool = True  # devices go offline and come back (per group's periods)
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    name: str
+    path: Path
+    seed: int
+    target_accuracy: float
+    groups: tuple[DeviceGroup, ...]
+    dynamics: Dynamics
+    run: RunConfig  # data and training settings; clients = number of devices
+
+    @property
+    def size(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
+                       data_dir: str | None = None) -> FleetSpec:
+        """The same fleet with CLI overrides applied (None keeps the file's value)."""
+        run = dataclasses.replace(
+            self.run,
+            seed=self.run.seed if seed is None else seed,
+            rounds=rounds or self.run.rounds,
+            data_dir=data_dir or self.run.data_dir,
+        )
+        dynamics = self.dynamics if dropout is None else dataclasses.replace(self.dynamics, dropout=dropout)
+        if not 0 <= dynamics.dropout <= 1:
+            raise ConfigError(f"--dropout must be in [0, 1], got {dynamics.dropout}")
+        return dataclasses.replace(self, seed=run.seed, run=run, dynamics=dynamics)
+
+
+def resolve_fleet_path(name: str) -> Path:
+    """A path, or the name of a shipped fleet (`lab-20` for simulations/fleets/lab-20.toml)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = FLEETS / f"{name.removesuffix('.toml')}.toml"
+    if shipped.is_file():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in FLEETS.glob("*.toml")))
+    raise ConfigError(f"fleet file {name} not found; shipped fleets: {known}")
+
+
+def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
+    path = resolve_fleet_path(name)
+    catalog = catalog or load_catalog()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    r = _Reader(path)
+    r.only(raw, "", {"name", "description", "seed", "target_accuracy", "data", "training", "dynamics", "devices"})
+    devices = r.get(raw, "devices", list)
+    if not devices:
+        raise ConfigError(f"{path}: devices: list at least one [[devices]] group")
+    groups = tuple(_group(r, d, f"devices[{i}]", catalog) for i, d in enumerate(devices))
+    data = r.get(raw, "data", dict)
+    training = r.get(raw, "training", dict)
+    dyn = r.get(raw, "dynamics", dict, {})
+    r.only(data, "data.", {"dataset", "partitioner", "alpha", "data_dir"})
+    r.only(training, "training.",
+           {"rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "round_timeout_s"})
+    r.only(dyn, "dynamics.", {"dropout", "background_load", "availability"})
+    size = sum(g.count for g in groups)
+    per_round = r.get(training, "clients_per_round", int, prefix="training.", check=lambda v: 1 <= v <= size,
+                      rule=f"must be between 1 and the fleet's {size} devices")
+    seed = r.get(raw, "seed", int, 0, check=lambda v: v >= 0, rule="must be >= 0")
+    try:
+        run = RunConfig(
+            dataset=r.get(data, "dataset", str, prefix="data."),
+            data_dir=r.get(data, "data_dir", str, None, prefix="data."),
+            partitioner=r.get(data, "partitioner", str, None, prefix="data."),
+            alpha=r.get(data, "alpha", float, 0.3, prefix="data."),
+            clients=size,
+            fraction_train=per_round / size,
+            rounds=r.get(training, "rounds", int, prefix="training."),
+            local_epochs=r.get(training, "local_epochs", int, None, prefix="training."),
+            batch_size=r.get(training, "batch_size", int, 32, prefix="training."),
+            lr=r.get(training, "lr", float, 0.02, prefix="training."),
+            round_timeout=r.get(training, "round_timeout_s", float, prefix="training."),
+            seed=seed,
+            broker="none",
+        ).resolved()
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    dynamics = Dynamics(
+        dropout=r.get(dyn, "dropout", float, 0.0, prefix="dynamics.", check=lambda v: 0 <= v <= 1, rule="in [0, 1]"),
+        background_load=r.get(dyn, "background_load", float, 0.0, prefix="dynamics.", check=lambda v: v >= 0,
+                              rule="must be >= 0"),
+        availability=r.get(dyn, "availability", bool, True, prefix="dynamics."),
+    )
+    return FleetSpec(
+        name=r.get(raw, "name", str, path.stem),
+        path=path,
+        seed=seed,
+        target_accuracy=r.get(raw, "target_accuracy", float, check=lambda v: 0 < v <= 1, rule="in (0, 1]"),
+        groups=groups,
+        dynamics=dynamics,
+        run=run,
+    )
+
+
+def _group(r: _Reader, raw: Any, where: str, catalog: Catalog) -> DeviceGroup:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{r.path}: {where}: expected a table")
+    p = f"{where}."
+    r.only(raw, p, {"board", "count", "network", "online_s", "offline_s"})
+    board = r.get(raw, "board", str, prefix=p, check=lambda v: v in catalog.boards,
+                  rule=f"unknown board; known: {', '.join(catalog.boards)}")
+    return DeviceGroup(
+        board=board,
+        count=r.get(raw, "count", int, prefix=p, check=lambda v: v >= 1, rule="must be >= 1"),
+        network=r.get(raw, "network", str, prefix=p, check=lambda v: v in catalog.networks,
+                      rule=f"unknown network; known: {', '.join(catalog.networks)}"),
+        online_s=r.get(raw, "online_s", float, ALWAYS_ON_S, prefix=p, check=lambda v: v > 0, rule="must be > 0"),
+        offline_s=r.get(raw, "offline_s", float, 0.0, prefix=p, check=lambda v: v >= 0, rule="must be >= 0"),
+    )
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class _Reader:
+    """Typed look-ups whose errors say which file and key is wrong."""
+
+    path: Path
+
+    def get(self, table: dict, key: str, kind: type, default: Any = _MISSING, prefix: str = "",
+            check: Any = None, rule: str = "") -> Any:
+        if key not in table:
+            if default is _MISSING:
+                raise ConfigError(f"{self.path}: {prefix}{key}: missing")
+            return default
+        value = table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ConfigError(f"{self.path}: {prefix}{key}: expected {kind.__name__}, got {value!r}")
+        if check is not None and not check(value):
+            raise ConfigError(f"{self.path}: {prefix}{key}: {rule}, got {value!r}")
+        return value
+
+    def only(self, table: dict, prefix: str, allowed: set[str]) -> None:
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise ConfigError(f"{self.path}: {prefix}{unknown[0]}: unknown key; known: {', '.join(sorted(allowed))}")
