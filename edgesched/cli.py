@@ -57,7 +57,8 @@ def simulate(
     ))] = None,
     out: Annotated[Path | None, Opt(help="Run directory. Default: runs/DATASET-DATE-TIME.")] = None,
     partitioner: Annotated[str | None, Opt(help=(
-        "iid, dirichlet (label skew) or natural (by user). Default: natural for hapt, dirichlet otherwise."
+        "iid, dirichlet (label skew), dirichlet-balanced (label skew, equal sizes) or natural (by user). "
+        "Default: natural for hapt, dirichlet otherwise."
     ))] = None,
     alpha: Annotated[float, Opt(help="Dirichlet concentration: smaller is more skewed.")] = _DEFAULTS.alpha,
     fraction_train: Annotated[float, Opt(help="Share of clients that train each round.")] = _DEFAULTS.fraction_train,

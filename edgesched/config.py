@@ -16,7 +16,7 @@ from edgesched.errors import ConfigError
 # The choices live here, with the validation, so that importing the config (as the CLI and the
 # device agent do) costs no numpy: a small board keeps those megabytes for training.
 DATASETS = ("fmnist", "hapt", "digits")
-PARTITIONERS = ("iid", "dirichlet", "natural")
+PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 
 # Per data set: where it is found and how it is split by default, into how many clients.

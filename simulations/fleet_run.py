@@ -4,8 +4,8 @@ The strategy samples from the devices online at the current virtual time, waits 
 round's replies up to the round timeout in virtual seconds, and aggregates what arrived; the
 global model is evaluated on the held-out test set after every round. Outputs beside the
 plain simulation's: events.jsonl (every dispatch, download, compute, upload, dropout and
-deadline, virtual time first), rounds.csv with virtual time, and the time to the fleet's
-target accuracy in summary.json.
+deadline, virtual time first), rounds.csv with virtual time, the time to the fleet's target
+accuracy in summary.json, accuracy_vs_time.png and timeline.png (who trained when, who dropped).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.engine import run_engine, workers
 from edgesched.simulations.fleet import FleetSpec
 from edgesched.simulations.progress import RoundProgress
+from edgesched.simulations.timeline import plot_timeline
 
 STRATEGIES = ("fedavg",)
 
@@ -60,6 +61,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, strategy: str = "fedavg") -> 
         "device_seconds": round(vgrid.device_seconds, 3), **size,
     })
     plot_accuracy(recorder.rounds, out_dir / "accuracy_vs_time.png", virtual_time=True)
+    plot_timeline(out_dir / "events.jsonl", out_dir / "timeline.png")
     return summary
 
 
@@ -76,7 +78,7 @@ def _fedavg(grid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int], e
     cfg = spec.run
     test = data.load(cfg.dataset, cfg.data_dir)
     model = build_model(cfg.dataset, cfg.seed)
-    vgrid = VirtualGrid(grid, fleet, cfg, sizes, events)
+    vgrid = VirtualGrid(grid, fleet, cfg, sizes, events, min_online=cfg.clients_per_round)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -95,8 +97,10 @@ def _fedavg(grid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int], e
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
     random.seed(cfg.seed)  # Flower's node sampling draws from the global `random`
-    strategy = FedAvg(fraction_train=cfg.fraction_train, fraction_evaluate=0.0, min_train_nodes=1,
-                      min_available_nodes=1)
+    # FedAvg samples max(fraction x online, min_train_nodes): with the fleet's fraction of all
+    # devices, that is exactly clients_per_round; when fewer are online it waits for them.
+    strategy = FedAvg(fraction_train=cfg.fraction_train, fraction_evaluate=0.0,
+                      min_train_nodes=cfg.clients_per_round, min_available_nodes=cfg.clients_per_round)
     result = strategy.start(grid=vgrid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=cfg.rounds,
                             timeout=cfg.round_timeout, train_config=ConfigRecord({"lr": cfg.lr}),
                             evaluate_fn=evaluate_fn)

@@ -40,12 +40,13 @@ class RoundOutcome:
 
 class VirtualGrid(Grid):
     def __init__(self, grid: Grid, fleet: VirtualFleet, cfg: RunConfig, partition_sizes: list[int],
-                 events: IO[str]) -> None:
+                 events: IO[str], min_online: int = 1) -> None:
         self._grid = grid
         self._fleet = fleet
         self._cfg = cfg
         self._partition_sizes = partition_sizes
         self._events = events
+        self._min_online = min_online
         self.clock = EventQueue()
         self.round = 0
         self.last: RoundOutcome | None = None
@@ -53,8 +54,13 @@ class VirtualGrid(Grid):
         self.device_seconds = 0.0
 
     def get_node_ids(self) -> Iterable[int]:
+        """The devices online now; if fewer than the strategy needs, wait for them in virtual time.
+
+        (Flower's strategies poll this with a real one-second sleep until enough nodes are
+        there, which would never end if virtual time stood still.)
+        """
         online = self._fleet.online(self.clock.now)
-        if not online:  # nobody online: wait (in virtual time) for the next device to come back
+        while len(online) < self._min_online:
             self._emit(self.clock.pop_until(self._fleet.next_change()), idle=True)
             online = self._fleet.online(self.clock.now)
         return [i + 1 for i in online]
@@ -117,7 +123,7 @@ class VirtualGrid(Grid):
         return [by_partition[j.device] for j in order if j.device in by_partition]
 
     def _emit(self, events: list[Any], idle: bool = False) -> None:
-        """One JSON line per event, virtual time first; `idle`: nobody was online until now."""
+        """One JSON line per event, virtual time first; `idle`: too few were online until now."""
         for event in events:
             line = {"t": round(event.time, 6), "event": event.kind, **event.data}
             self._events.write(json.dumps(line) + "\n")

@@ -76,3 +76,22 @@ def test_bad_partition_requests_are_refused_with_a_reason(scheme, groups, client
 def test_dirichlet_refuses_impossible_minimum():
     with pytest.raises(ConfigError, match="could not give each"):
         partition.dirichlet(_labels(5, 2), 5, 0.01, np.random.default_rng(0), min_size=2, max_tries=3)
+
+
+def test_dirichlet_balanced_gives_a_thousand_clients_equal_skewed_shares():
+    labels = _labels(6000)  # 60,000 samples, like Fashion-MNIST
+    parts = partition.dirichlet_balanced(labels, 1000, 0.3, np.random.default_rng(0))
+    _assert_exact_cover(parts, len(labels))
+    assert {len(p) for p in parts} == {60}
+    iid_share = _dominant_share(partition.iid(len(labels), 1000, np.random.default_rng(0)), labels)
+    assert _dominant_share(parts, labels) > 2 * iid_share  # IID clients of 60 samples: ~0.2
+    again = partition.dirichlet_balanced(labels, 1000, 0.3, np.random.default_rng(0))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_dirichlet_balanced_skew_follows_alpha():
+    labels = _labels()
+    rng = np.random.default_rng
+    mild = _dominant_share(partition.dirichlet_balanced(labels, 20, 100.0, rng(1)), labels)
+    skewed = _dominant_share(partition.dirichlet_balanced(labels, 20, 0.1, rng(1)), labels)
+    assert mild < 0.3 < 0.6 < skewed

@@ -63,3 +63,19 @@ def test_agent_bad_input_is_one_clear_line(args, says):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--fleet", "garage-3"], "fleet file garage-3 not found; shipped fleets:"),
+        (["--dropout", "0.2"], "--dropout and --strategy need --fleet"),
+        (["--fleet", "lab-20", "--strategy", "oort"], "--strategy 'oort': choose one of fedavg"),
+        (["--fleet", "lab-20", "--dropout", "2"], "--dropout must be in [0, 1]"),
+    ],
+)
+def test_fleet_bad_input_is_one_clear_line(args, says):
+    result = _run("simulate", *args)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr

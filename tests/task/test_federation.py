@@ -7,46 +7,18 @@ it), so this checks per-client ConfigRecords and the device-id <-> node-id link 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 
 import pytest
-from flwr.app import Context, Message, RecordDict
-from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from edgesched.clients.app import app as client_app
 from edgesched.config import RunConfig
 from edgesched.registry import DeviceRegistry, RegistryConfig
 from edgesched.server.federation import run_federation
 from edgesched.telemetry import Status, topic
 
+from ..grids import LocalGrid
+
 NODES = {101: "pi4-a", 202: "pi5-b", 303: "jetson-c"}
-
-
-class LocalGrid(Grid):
-    """Delivers messages synchronously to the ClientApp; records what each node was sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[Message] = []
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(NODES)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        replies = []
-        for msg in messages:
-            self.sent.append(msg)
-            node = msg.metadata.dst_node_id
-            context = Context(run_id=1, node_id=node, node_config={"device-id": NODES[node]}, state=RecordDict(),
-                              run_config={})
-            replies.append(client_app(msg, context))
-        return replies
-
-    def set_run(self, run_id: int) -> None: ...
-    def run(self): ...
-    def create_message(self, *args, **kwargs): ...
-    def push_messages(self, messages): ...
-    def pull_messages(self, message_ids): ...
 
 
 class RecordingTelemetry:
@@ -71,7 +43,8 @@ def task_identity():
 def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
     cfg = RunConfig(dataset="digits", clients=3, rounds=2, local_epochs=3, lr=0.05).resolved()
-    grid, telemetry, rounds = LocalGrid(), RecordingTelemetry(), []
+    grid = LocalGrid({node: {"device-id": device} for node, device in NODES.items()})
+    telemetry, rounds = RecordingTelemetry(), []
     result = run_federation(grid, cfg, lambda record, jobs: rounds.append((record, jobs)), telemetry)
 
     assert len(grid.sent) == 6

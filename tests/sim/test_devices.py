@@ -1,0 +1,66 @@
+"""Virtual devices: deterministic per seed, calibrated compute, dropouts and availability."""
+
+import dataclasses
+
+import pytest
+
+from edgesched.simulations.catalog import load_catalog
+from edgesched.simulations.devices import VirtualFleet
+from edgesched.simulations.fleet import load_fleet
+
+MACS, BYTES = 3_024_384, 4 * 215_370
+
+
+def _fleet(name="campus-100", **dynamics) -> VirtualFleet:
+    spec = load_fleet(name)
+    if dynamics:
+        spec = dataclasses.replace(spec, dynamics=dataclasses.replace(spec.dynamics, **dynamics))
+    return VirtualFleet(spec, load_catalog(), MACS, BYTES)
+
+
+def test_same_seed_same_fleet_behaviour():
+    a, b = _fleet(), _fleet()
+    assert a.online(5000.0) == b.online(5000.0)
+    assert [a.job(i, 5000.0, 600) for i in range(0, 100, 7)] == [b.job(i, 5000.0, 600) for i in range(0, 100, 7)]
+
+
+def test_compute_time_follows_the_calibrated_board_without_slowdowns():
+    fleet = _fleet("lab-20", background_load=0.0)
+    board = load_catalog().boards["rpi5"]
+    rpi5 = next(d.index for d in fleet.devices if d.board.name == "rpi5")
+    job = fleet.job(rpi5, 0.0, 3000)
+    assert job.compute_s == pytest.approx(3 * MACS * 3000 / (board.gmacs_per_s * 1e9))
+
+
+def test_a_device_that_drops_mid_job_never_delivers():
+    fleet = _fleet(dropout=1.0)
+    jobs = [fleet.job(i, 0.0, 600) for i in fleet.online(0.0)]
+    assert jobs and not any(j.delivers for j in jobs)
+    assert all(j.start <= j.drop_at <= j.end for j in jobs)
+    assert all(j.compute_spent_s <= j.compute_s for j in jobs)
+
+
+def test_phones_come_and_go_while_plugged_in_boards_stay():
+    fleet = _fleet()
+    jetsons = [d.index for d in fleet.devices if d.board.name.startswith("jetson")]
+    phones = [d.index for d in fleet.devices if d.board.name.startswith("phone")]
+    seen_online = {i: 0 for i in phones}
+    for hour in range(24):
+        online = set(fleet.online(hour * 3600.0))
+        assert set(jetsons) <= online
+        for i in phones:
+            seen_online[i] += i in online
+    share = sum(seen_online.values()) / (24 * len(phones))
+    assert 0.3 < share < 0.7  # online half the time: 1 h on, 1 h off on average
+
+
+def test_availability_can_be_switched_off():
+    fleet = _fleet(availability=False, dropout=0.0)
+    assert len(fleet.online(12345.0)) == 100
+
+
+def test_mobile_links_use_the_measured_flash_distributions():
+    flash = {(c[0], c[1]) for c in load_catalog().flash_clients}
+    fleet = _fleet()
+    phones = [d for d in fleet.devices if d.network.flash]
+    assert phones and all(d.down in flash for d in phones)
