@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,7 @@ class _Reader:
     path: Path
 
     def get(self, table: dict, key: str, kind: type, default: Any = _MISSING, prefix: str = "",
-            check: Any = None, rule: str = "") -> Any:
+            check: Callable[[Any], bool] | None = None, rule: str = "") -> Any:
         if key not in table:
             if default is _MISSING:
                 raise ConfigError(f"{self.path}: {prefix}{key}: missing")
