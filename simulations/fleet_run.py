@@ -10,7 +10,6 @@ accuracy in summary.json, accuracy_vs_time.png and timeline.png (who trained whe
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,7 @@ def _fedavg(grid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int], e
     cfg = spec.run
     test = data.load(cfg.dataset, cfg.data_dir)
     model = build_model(cfg.dataset, cfg.seed)
-    vgrid = VirtualGrid(grid, fleet, cfg, sizes, events, min_online=cfg.clients_per_round)
+    vgrid = VirtualGrid(grid, fleet, cfg, sizes, events, per_round=cfg.clients_per_round)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -96,9 +95,7 @@ def _fedavg(grid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int], e
             progress.on_round(record, jobs)
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
-    random.seed(cfg.seed)  # Flower's node sampling draws from the global `random`
-    # FedAvg samples max(fraction x online, min_train_nodes): with the fleet's fraction of all
-    # devices, that is exactly clients_per_round; when fewer are online it waits for them.
+    # The grid offers exactly clients_per_round candidates; FedAvg takes them all.
     strategy = FedAvg(fraction_train=cfg.fraction_train, fraction_evaluate=0.0,
                       min_train_nodes=cfg.clients_per_round, min_available_nodes=cfg.clients_per_round)
     result = strategy.start(grid=vgrid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=cfg.rounds,

@@ -1,7 +1,10 @@
 """A Flower `Grid` in virtual time: any Flower strategy runs unchanged over a virtual fleet.
 
-Node ids are the virtual devices (index + 1). `get_node_ids()` returns the devices online at
-the current virtual time. `send_and_receive(messages, timeout)` dispatches each message to
+Node ids are the virtual devices (index + 1). `get_node_ids()` offers the strategy the
+round's candidates: `per_round` of the devices online at the current virtual time, drawn
+with the run's seeded generator (Flower samples with the global `random`, which Flower's
+own threads also draw from, so its choice could not repeat; offered exactly `per_round`, it
+takes them all). `send_and_receive(messages, timeout)` dispatches each message to
 its device's timeline (download, compute, upload, or a drop), trains the jobs that deliver
 in time for real on a small pool of executor nodes of Flower's simulation engine (a message
 names the partition, so any executor can train any device's data), and returns the replies
@@ -17,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
@@ -40,13 +44,15 @@ class RoundOutcome:
 
 class VirtualGrid(Grid):
     def __init__(self, grid: Grid, fleet: VirtualFleet, cfg: RunConfig, partition_sizes: list[int],
-                 events: IO[str], min_online: int = 1) -> None:
+                 events: IO[str], per_round: int) -> None:
         self._grid = grid
         self._fleet = fleet
         self._cfg = cfg
         self._partition_sizes = partition_sizes
         self._events = events
-        self._min_online = min_online
+        self._per_round = per_round
+        self._rng = np.random.default_rng(cfg.seed)
+        self._offer: list[int] | None = None  # this round's candidates, drawn once
         self.clock = EventQueue()
         self.round = 0
         self.last: RoundOutcome | None = None
@@ -54,22 +60,26 @@ class VirtualGrid(Grid):
         self.device_seconds = 0.0
 
     def get_node_ids(self) -> Iterable[int]:
-        """The devices online now; if fewer than the strategy needs, wait for them in virtual time.
+        """This round's candidates; if too few devices are online, wait for them in virtual time.
 
         (Flower's strategies poll this with a real one-second sleep until enough nodes are
         there, which would never end if virtual time stood still.)
         """
-        online = self._fleet.online(self.clock.now)
-        while len(online) < self._min_online:
-            self._emit(self.clock.pop_until(self._fleet.next_change()), idle=True)
+        if self._offer is None:
             online = self._fleet.online(self.clock.now)
-        return [i + 1 for i in online]
+            while len(online) < self._per_round:
+                self._emit(self.clock.pop_until(self._fleet.next_change()), idle=True)
+                online = self._fleet.online(self.clock.now)
+            chosen = self._rng.choice(online, size=self._per_round, replace=False)
+            self._offer = sorted(int(i) + 1 for i in chosen)
+        return list(self._offer)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        messages = list(messages)
+        messages = sorted(messages, key=lambda m: m.metadata.dst_node_id)  # the strategy's order is random
         if not messages:  # e.g. the strategy's evaluation round with fraction_evaluate=0
             return []
         self.round += 1
+        self._offer = None
         start = self.clock.now
         deadline = start + (timeout if timeout is not None else self._cfg.round_timeout)
         self.clock.schedule(deadline, "deadline", round=self.round)

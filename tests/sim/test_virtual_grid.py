@@ -35,7 +35,7 @@ def _grid(tmp_path, dropout: float, seed: int = 3) -> tuple[VirtualGrid, LocalGr
     size = model_size("digits")
     fleet = VirtualFleet(spec, load_catalog(), size["model_macs_per_sample"], 4 * size["model_parameters"])
     executors, events = LocalGrid({101: {}, 102: {}}), io.StringIO()
-    return VirtualGrid(executors, fleet, spec.run, [130] * 8, events), executors, events
+    return VirtualGrid(executors, fleet, spec.run, [130] * 8, events, per_round=8), executors, events
 
 
 def _messages(grid: VirtualGrid) -> list[Message]:
@@ -79,7 +79,7 @@ def test_empty_rounds_cost_no_virtual_time(tmp_path):
 
 def test_waits_in_virtual_time_until_enough_devices_are_online(tmp_path):
     grid, _, events = _grid(tmp_path, dropout=0.0)
-    grid._min_online = 3
+    grid._per_round = 3
     for device in grid._fleet.devices[:6]:  # only two are online now; the others come back later
         device.online, device.next_toggle, device.offline_s, device.online_s = False, 500.0 + device.index, 1.0, 1e9
     for device in grid._fleet.devices[6:]:
@@ -87,3 +87,13 @@ def test_waits_in_virtual_time_until_enough_devices_are_online(tmp_path):
     online = list(grid.get_node_ids())
     assert len(online) == 3 and grid.clock.now == 500.0
     assert json.loads(events.getvalue().splitlines()[-1]) == {"t": 500.0, "event": "idle"}
+
+
+def test_candidates_are_drawn_once_per_round_from_the_seed(tmp_path):
+    first, _, _ = _grid(tmp_path, dropout=0.0)
+    first._per_round = 3
+    offer = list(first.get_node_ids())
+    assert len(offer) == 3 and list(first.get_node_ids()) == offer  # stable within the round
+    again, _, _ = _grid(tmp_path, dropout=0.0)
+    again._per_round = 3
+    assert list(again.get_node_ids()) == offer  # the same seed offers the same devices
