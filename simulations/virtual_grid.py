@@ -53,6 +53,7 @@ class VirtualGrid(Grid):
         self._per_round = per_round
         self._rng = np.random.default_rng(cfg.seed)
         self._offer: list[int] | None = None  # this round's candidates, drawn once
+        self._busy_until: dict[int, float] = {}  # a device still working on a late job is not offered
         self.clock = EventQueue()
         self.round = 0
         self.last: RoundOutcome | None = None
@@ -66,13 +67,19 @@ class VirtualGrid(Grid):
         there, which would never end if virtual time stood still.)
         """
         if self._offer is None:
-            online = self._fleet.online(self.clock.now)
-            while len(online) < self._per_round:
-                self._emit(self.clock.pop_until(self._fleet.next_change()), idle=True)
-                online = self._fleet.online(self.clock.now)
-            chosen = self._rng.choice(online, size=self._per_round, replace=False)
+            free = self._free()
+            while len(free) < self._per_round:
+                later = [t for t in self._busy_until.values() if t > self.clock.now]
+                self._emit(self.clock.pop_until(min([self._fleet.next_change(), *later])), idle=True)
+                free = self._free()
+            chosen = self._rng.choice(free, size=self._per_round, replace=False)
             self._offer = sorted(int(i) + 1 for i in chosen)
         return list(self._offer)
+
+    def _free(self) -> list[int]:
+        """Devices online now and not still busy with an earlier job."""
+        now = self.clock.now
+        return [i for i in self._fleet.online(now) if self._busy_until.get(i, 0.0) <= now]
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = sorted(messages, key=lambda m: m.metadata.dst_node_id)  # the strategy's order is random
@@ -84,6 +91,8 @@ class VirtualGrid(Grid):
         deadline = start + (timeout if timeout is not None else self._cfg.round_timeout)
         self.clock.schedule(deadline, "deadline", round=self.round)
         jobs = [self._dispatch(msg, start, deadline) for msg in messages]
+        for job in jobs:
+            self._busy_until[job.device] = job.end if job.delivers else job.drop_at
         on_time = [(job, msg) for job, msg in zip(jobs, messages, strict=True) if job.delivers and job.end <= deadline]
         replies = self._train([msg for _, msg in on_time], [job for job, _ in on_time])
         late = sum(1 for job in jobs if job.delivers and job.end > deadline)
@@ -133,7 +142,7 @@ class VirtualGrid(Grid):
         return [by_partition[j.device] for j in order if j.device in by_partition]
 
     def _emit(self, events: list[Any], idle: bool = False) -> None:
-        """One JSON line per event, virtual time first; `idle`: too few were online until now."""
+        """One JSON line per event, virtual time first; `idle`: too few were free until now."""
         for event in events:
             line = {"t": round(event.time, 6), "event": event.kind, **event.data}
             self._events.write(json.dumps(line) + "\n")

@@ -97,3 +97,14 @@ def test_candidates_are_drawn_once_per_round_from_the_seed(tmp_path):
     again, _, _ = _grid(tmp_path, dropout=0.0)
     again._per_round = 3
     assert list(again.get_node_ids()) == offer  # the same seed offers the same devices
+
+
+def test_a_device_busy_with_a_late_job_is_not_offered_again(tmp_path):
+    grid, _, _ = _grid(tmp_path, dropout=0.0)
+    replies = list(grid.send_and_receive(_messages(grid), timeout=1e-3))  # everyone is late
+    assert replies == [] and grid.last.late == 8
+    finish = sorted(grid._busy_until.items(), key=lambda item: item[1])
+    grid._per_round = 2
+    offer = list(grid.get_node_ids())
+    assert grid.clock.now == finish[1][1]  # waited until the second device was free
+    assert offer == sorted(device + 1 for device, _ in finish[:2])
