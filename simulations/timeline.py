@@ -34,9 +34,11 @@ def plot_timeline(events_path: Path, png: Path) -> None:
     row = {d: i for i, d in enumerate(shown)}
     colours = {"delivered": "tab:green", "late": "tab:orange", "dropped": "tab:red"}
     fig, ax = plt.subplots(figsize=(9, max(3, 0.22 * len(shown) + 1.5)), dpi=110)
+    # Jobs of seconds in rounds of minutes would be thinner than a pixel: draw at least 0.4 %.
+    span = max([end for _, _, end, _ in spans] + round_ends + [1e-9])
     for device, start, end, outcome in spans:
         if device in row:
-            ax.barh(row[device], end - start, left=start, height=0.6, color=colours[outcome])
+            ax.barh(row[device], max(end - start, 0.004 * span), left=start, height=0.6, color=colours[outcome])
             if outcome == "dropped":
                 ax.plot(end, row[device], "x", color="black", markersize=4)
     for t in round_ends:
