@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
+if sys.version_info >= (3, 11):  # fleet files read TOML through this import too
     import tomllib
 else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib

@@ -7,7 +7,6 @@ Every value is checked on load; an error names the file and the key, e.g.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +14,7 @@ from typing import Any
 
 from edgesched.config import RunConfig
 from edgesched.errors import ConfigError
-from edgesched.simulations.catalog import Catalog, load_catalog
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 (JetPack 6)
-    import tomli as tomllib
+from edgesched.simulations.catalog import Catalog, load_catalog, tomllib
 
 FLEETS = Path(__file__).with_name("fleets")
 ALWAYS_ON_S = 1e12

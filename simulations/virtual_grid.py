@@ -38,7 +38,6 @@ class RoundOutcome:
     delivered: int
     dropped: int
     late: int
-    device_seconds: float
     ended_at: float
 
 
@@ -100,9 +99,8 @@ class VirtualGrid(Grid):
         ended = deadline if (late or dropped) else max(job.end for job in jobs)
         self.clock.schedule(ended, "round_end", round=self.round, delivered=len(replies))
         self._emit(self.clock.pop_until(ended))  # late jobs' events stay queued, logged when due
-        spent = sum(job.compute_spent_s for job in jobs)
-        self.device_seconds += spent
-        self.last = RoundOutcome(len(jobs), len(replies), dropped, late, spent, ended)
+        self.device_seconds += sum(job.compute_spent_s for job in jobs)
+        self.last = RoundOutcome(len(jobs), len(replies), dropped, late, ended)
         self.last_replies = replies
         return replies
 
@@ -149,7 +147,7 @@ class VirtualGrid(Grid):
         if idle:
             self._events.write(json.dumps({"t": round(self.clock.now, 6), "event": "idle"}) + "\n")
 
-    # The strategy only uses the methods above; the rest of the Grid interface is not offered.
+    # Strategies use the methods above; run identity passes through, single messages do not.
     def set_run(self, run_id: int) -> None:
         self._grid.set_run(run_id)
 
