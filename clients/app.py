@@ -34,6 +34,7 @@ def train_job(msg: Message, context: Context) -> Message:
         batch_size=int(job["batch-size"]),
         lr=float(job["lr"]),
         seed=job_seed(int(job["seed"]), int(job["server-round"]), int(job["partition-id"])),
+        max_steps=int(job["max-steps"]) if "max-steps" in job else None,
     )
     metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), **report.as_metrics()}
     if "device-id" in context.node_config:  # a real board: hand the speed to its agent

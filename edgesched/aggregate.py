@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,3 +27,58 @@ def weighted_average(updates: Sequence[Sequence[np.ndarray]], weights: Sequence[
             acc += share * tensor
         averaged.append(acc.astype(tensors[0].dtype))
     return averaged
+
+
+@dataclass(frozen=True)
+class Update:
+    """A client's model delta against the global model it started from, and what it cost.
+
+    `delta` = start weights - trained weights; `steps` local SGD steps; `staleness` rounds the
+    global model moved on while it trained.
+    """
+
+    delta: Sequence[np.ndarray]
+    samples: int  # the client's data size: its share of the objective
+    steps: int
+    staleness: int
+
+
+def momentum_steps(steps: int, momentum: float) -> float:
+    """FedNova's a_i: how far `steps` of SGD with heavy-ball `momentum` move, in plain steps.
+
+    Each gradient keeps acting through the momentum buffer, so it counts
+    (1 - momentum ** remaining) / (1 - momentum) times (Wang et al., 2020, eq. 7 summed).
+    """
+    if momentum == 0:
+        return float(steps)
+    return (steps - momentum * (1 - momentum**steps) / (1 - momentum)) / (1 - momentum)
+
+
+def staleness_weight(staleness: int, exponent: float) -> float:
+    """FedAsync's polynomial discount: an update s rounds late counts (1 + s) ** -exponent."""
+    return float((1 + staleness) ** -exponent)
+
+
+def fednova(updates: Sequence[Update], momentum: float, exponent: float) -> tuple[list[np.ndarray], float]:
+    """The server's step from buffered updates, normalised for unequal local work (FedNova).
+
+    Each delta is divided by its local work a_i, so a device that ran three epochs does not
+    pull the model three times as hard toward its own data; the average direction, weighted
+    by data size and staleness, is then scaled back by the weighted mean work tau_eff.
+    Returns (step, tau_eff); the new global model is `weights - server_lr * step`.
+    """
+    if not updates:
+        raise ValueError("need at least one update")
+    shares = np.array([u.samples * staleness_weight(u.staleness, exponent) for u in updates], dtype=np.float64)
+    if shares.sum() <= 0:
+        raise ValueError("updates carry no weight")
+    shares /= shares.sum()
+    work = np.array([momentum_steps(u.steps, momentum) for u in updates], dtype=np.float64)
+    tau_eff = float(shares @ work)
+    step = []
+    for tensors in zip(*(u.delta for u in updates), strict=True):
+        acc = np.zeros(tensors[0].shape, dtype=np.float64)
+        for share, a, tensor in zip(shares, work, tensors, strict=True):
+            acc += (share / a) * tensor
+        step.append(tau_eff * acc)
+    return step, tau_eff

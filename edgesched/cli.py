@@ -75,7 +75,14 @@ def simulate(
         "calibrated on real boards and phones, trained for real, timed in virtual seconds. The file sets the "
         "data and training options; --seed, --rounds, --data-dir and --dropout override it."
     ))] = None,
-    strategy: Annotated[str, Opt(help="With --fleet: fedavg (Flower's stock FedAvg).")] = "fedavg",
+    strategy: Annotated[str, Opt(help=(
+        "fedavg (Flower's stock FedAvg, synchronous) or edgesched (the adaptive scheduler: per-device work, "
+        "epochs and staleness from predicted speed and dropout risk; semi-asynchronous aggregation)."
+    ))] = "fedavg",
+    broker: Annotated[str | None, Opt(help=(
+        "With --fleet: carry the virtual devices' heartbeats over MQTT instead of in-process: 'embedded' "
+        "(a broker on loopback) or mqtt://host:port. Decisions come out the same either way."
+    ))] = None,
     dropout: Annotated[float | None, Opt(help=(
         "With --fleet: probability that a device drops out during a job (overrides the file)."
     ))] = None,
@@ -90,15 +97,16 @@ def simulate(
     model.npz (the final global weights) and accuracy.png.
     """
     if fleet is not None:
-        _simulate_fleet(fleet, strategy, seed, rounds, dropout, str(data_dir) if data_dir else None, out)
+        _simulate_fleet(fleet, strategy, broker, seed, rounds, dropout, str(data_dir) if data_dir else None, out)
         return
-    if dropout is not None or strategy != "fedavg":
-        raise ConfigError("--dropout and --strategy need --fleet: they describe a virtual fleet")
+    if dropout is not None or broker is not None:
+        raise ConfigError("--dropout and --broker need --fleet: they describe a virtual fleet")
     optional = {"rounds": rounds, "seed": seed}
     cfg = RunConfig(
         dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, partitioner=partitioner,
         alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
-        client_cpus=client_cpus, broker="none", **{k: v for k, v in optional.items() if v is not None},
+        client_cpus=client_cpus, broker="none", strategy=strategy,
+        **{k: v for k, v in optional.items() if v is not None},
     ).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run
@@ -110,14 +118,15 @@ def simulate(
     )
 
 
-def _simulate_fleet(name: str, strategy: str, seed: int | None, rounds: int | None, dropout: float | None,
-                    data_dir: str | None, out: Path | None) -> None:
+def _simulate_fleet(name: str, strategy: str, broker: str | None, seed: int | None, rounds: int | None,
+                    dropout: float | None, data_dir: str | None, out: Path | None) -> None:
     from edgesched.simulations.fleet import load_fleet
-    from edgesched.simulations.fleet_run import simulate_fleet
+    from edgesched.simulations.fleet_run import IN_PROCESS, simulate_fleet
 
-    spec = load_fleet(name).with_overrides(seed=seed, rounds=rounds, dropout=dropout, data_dir=data_dir)
+    spec = load_fleet(name).with_overrides(seed=seed, rounds=rounds, dropout=dropout, data_dir=data_dir,
+                                           strategy=strategy)
     out_dir = out or Path("runs") / f"{spec.name}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
-    summary = simulate_fleet(spec, out_dir, strategy)
+    summary = simulate_fleet(spec, out_dir, broker or IN_PROCESS)
     reached = summary["time_to_target_s"]
     target = f"target {spec.target_accuracy:.0%} reached at {reached:.0f} virtual s" if reached is not None \
         else f"target {spec.target_accuracy:.0%} not reached"

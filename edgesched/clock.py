@@ -45,5 +45,17 @@ class EventQueue:
         self.now = max(self.now, time)
         return due
 
+    def pop_next(self, time: float) -> Event | None:
+        """The next event due at or before `time`, or None (the clock then stands at `time`).
+
+        One at a time, so handling an event may schedule another that is also due.
+        """
+        if self._heap and self._heap[0].time <= time:
+            event = heapq.heappop(self._heap)
+            self.now = max(self.now, event.time)
+            return event
+        self.now = max(self.now, time)
+        return None
+
     def __len__(self) -> int:
         return len(self._heap)

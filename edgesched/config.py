@@ -18,6 +18,7 @@ from edgesched.errors import ConfigError
 DATASETS = ("fmnist", "hapt", "digits")
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
+STRATEGIES = ("fedavg", "edgesched")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
 # Clients of hapt and digits hold a few hundred samples each: one epoch is a handful of steps,
@@ -50,6 +51,19 @@ class RunConfig:
     broker: str = "embedded"  # "embedded" (loopback, port 1883), "none", or mqtt[s]://host:port
     fleet: str = "default"
     heartbeat_interval: float = 5.0
+    # The adaptive scheduler (strategy "edgesched"); docs/scheduler.md explains each knob.
+    strategy: str = "fedavg"
+    max_epochs: int = 2
+    min_epochs: float = 0.5
+    deadline_quantile: float = 0.9
+    max_staleness: int = 3
+    staleness_exponent: float = 0.5
+    min_deadline: float = 1.0
+    max_overselect: float = 2.0
+    server_lr: float = 1.0
+    fairness_rounds: float = 5.0
+    gateway_mbps: float = 0.0
+    battery_reserve: float = 20.0
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -70,6 +84,18 @@ class RunConfig:
         _require(self.broker in ("embedded", "none") or self.broker.startswith(("mqtt://", "mqtts://")), "broker",
                  "must be 'embedded', 'none' or an mqtt:// or mqtts:// URL", self.broker)
         _require(self.heartbeat_interval > 0, "heartbeat-interval", "must be > 0", self.heartbeat_interval)
+        _require(self.strategy in STRATEGIES, "strategy", f"choose one of {', '.join(STRATEGIES)}", self.strategy)
+        _require(0 < self.min_epochs <= self.max_epochs, "min-epochs", "must be in (0, max-epochs]", self.min_epochs)
+        _require(0 < self.deadline_quantile <= 1, "deadline-quantile", "must be in (0, 1]", self.deadline_quantile)
+        _require(self.max_staleness >= 0, "max-staleness", "must be >= 0", self.max_staleness)
+        _require(self.staleness_exponent >= 0, "staleness-exponent", "must be >= 0", self.staleness_exponent)
+        _require(0 < self.min_deadline <= self.round_timeout, "min-deadline", "must be in (0, round-timeout]",
+                 self.min_deadline)
+        _require(self.max_overselect >= 1, "max-overselect", "must be >= 1", self.max_overselect)
+        _require(self.server_lr > 0, "server-lr", "must be > 0", self.server_lr)
+        _require(self.fairness_rounds > 0, "fairness-rounds", "must be > 0", self.fairness_rounds)
+        _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)
+        _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:

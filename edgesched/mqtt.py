@@ -20,7 +20,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edgesched.errors import ConfigError, EdgeschedError
 from edgesched.registry import DeviceRegistry, RegistrySnapshot
-from edgesched.telemetry import subscription
+from edgesched.telemetry import Heartbeat, subscription
 
 PASSWORD_ENV = "EDGESCHED_MQTT_PASSWORD"
 
@@ -132,6 +132,10 @@ class RegistryListener:
     def snapshot(self) -> RegistrySnapshot:
         with self._lock:
             return self.registry.snapshot(self._clock())
+
+    def history(self, device_id: str) -> tuple[Heartbeat, ...]:
+        with self._lock:
+            return self.registry.history(device_id)
 
     def link_node(self, device_id: str, node_id: int) -> None:
         with self._lock:

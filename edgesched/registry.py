@@ -105,6 +105,11 @@ class DeviceRegistry:
         device = self._devices.get(device_id)
         return tuple(device.history) if device else ()
 
+    def state(self, device_id: str, now: float) -> DeviceState | None:
+        """One device's state at `now` (None if it never sent anything)."""
+        device = self._devices.get(device_id)
+        return None if device is None else self._state(device_id, device, now)
+
     def snapshot(self, now: float) -> RegistrySnapshot:
         devices = {device_id: self._state(device_id, d, now) for device_id, d in self._devices.items()}
         return RegistrySnapshot(now, MappingProxyType(devices), MappingProxyType(dict(self.dropped)), self.accepted)

@@ -87,6 +87,24 @@ class RunRecorder:
         return summary
 
 
+    def write_decisions(self, log: list[dict[str, Any]]) -> None:
+        """The scheduler's decision log as decisions.jsonl, and its picture as decisions.png."""
+        path = self.out_dir / "decisions.jsonl"
+        with path.open("w") as f:
+            for line in log:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+        if log:
+            plot_decisions(log, self.out_dir / "decisions.png")
+
+
+def prediction_error(log: list[dict[str, Any]], after_round: int = 0) -> dict[str, Any]:
+    """Median absolute % error of predicted vs actual job time, over on-time arrivals after a round."""
+    errors = [abs(e["error"]) for e in log if e["kind"] == "outcome" and "error" in e
+              and e["staleness"] == 0 and e["round"] > after_round]
+    return {"after_round": after_round, "jobs": len(errors),
+            "median_abs_pct": round(100 * float(np.median(errors)), 2) if errors else None}
+
+
 class _CsvLog:
     def __init__(self, path: Path, row_type: type) -> None:
         self._file = path.open("w", newline="")
@@ -123,6 +141,56 @@ def plot_accuracy(rounds: list[RoundRecord], path: Path, virtual_time: bool = Fa
     loss_ax.plot(x, [r.loss for r in rounds], "s--", color="tab:red", alpha=0.7, label="test loss")
     loss_ax.set_ylabel("test loss", color="tab:red")
     acc_ax.set_title("global model on the held-out test set")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_decisions(log: list[dict[str, Any]], path: Path) -> None:
+    """Three panels: predicted vs actual job time; per round the deadline and what became of
+    the jobs; the prediction error per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arrived = [e for e in log if e["kind"] == "outcome" and "actual_s" in e]
+    rounds = [e for e in log if e["kind"] == "round"]
+    fig, (ax_pred, ax_round, ax_err) = plt.subplots(1, 3, figsize=(14, 4), dpi=110)
+    if arrived:
+        actual = [e["actual_s"] for e in arrived]
+        ax_pred.scatter(actual, [e["predicted_s"] for e in arrived], s=6, alpha=0.5,
+                        c=[e["round"] for e in arrived], cmap="viridis")
+        top = max(actual + [e["predicted_s"] for e in arrived])
+        ax_pred.plot([0, top], [0, top], color="grey", linewidth=0.8)
+    ax_pred.set(xlabel="actual job time (s)", ylabel="planned (upper-quantile) time (s)",
+                title="prediction vs outcome (colour: round)")
+    by_round: dict[int, dict[str, int]] = {}
+    for e in log:
+        if e["kind"] == "outcome":
+            counts = by_round.setdefault(e["arrived_round"], {})
+            counts[e["outcome"]] = counts.get(e["outcome"], 0) + 1
+    xs = sorted({r["round"] for r in rounds})
+    deadline = {r["round"]: r["deadline_s"] for r in rounds}
+    bottom = np.zeros(len(xs))
+    for outcome, colour in (("counted", "tab:green"), ("too_stale", "tab:orange"), ("expired", "tab:purple"),
+                            ("lost", "tab:red")):
+        heights = np.array([by_round.get(x, {}).get(outcome, 0) for x in xs], dtype=float)
+        ax_round.bar(xs, heights, bottom=bottom, color=colour, label=outcome)
+        bottom += heights
+    ax_round.set(xlabel="round", ylabel="jobs ending in the round", title="jobs and deadline per round")
+    ax_round.legend(fontsize=7, loc="upper left")
+    ax_dl = ax_round.twinx()
+    ax_dl.plot(xs, [deadline[x] for x in xs], "k.-", linewidth=0.8)
+    ax_dl.set_ylabel("deadline (s)")
+    errors: dict[int, list[float]] = {}
+    for e in arrived:
+        if e["staleness"] == 0:
+            errors.setdefault(e["round"], []).append(100 * abs(e["error"]))
+    ex = sorted(errors)
+    ax_err.plot(ex, [float(np.median(errors[x])) for x in ex], "o-", color="tab:blue")
+    ax_err.set(xlabel="round", ylabel="median |error| (%)", title="job-time prediction error")
+    ax_err.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

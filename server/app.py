@@ -12,6 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 from edgesched.config import RunConfig
 from edgesched.results import JobRecord, RoundRecord
 from edgesched.server.federation import FederationResult, RoundCallback, run_federation
+from edgesched.server.gateway import run_adaptive
 from edgesched.server.telemetry import open_telemetry
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ def make_server_app(
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         cfg = config or RunConfig.from_mapping(context.run_config).resolved()
+        run = run_adaptive if cfg.strategy == "edgesched" else run_federation
         with open_telemetry(cfg) as telemetry:
-            result = run_federation(grid, cfg, on_round, telemetry)
+            result = run(grid, cfg, on_round, telemetry)
         if on_done is not None:
             on_done(result)
 

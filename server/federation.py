@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -35,6 +36,7 @@ RoundCallback = Callable[[RoundRecord, list[JobRecord]], None]
 class FederationResult:
     weights: dict[str, np.ndarray]
     rounds: list[RoundRecord]
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # the adaptive scheduler's log
 
 
 def run_federation(
@@ -50,7 +52,7 @@ def run_federation(
     model = build_model(cfg.dataset, cfg.seed)
     keys = list(model.state_dict())
     weights = [t.detach().numpy().copy() for t in model.state_dict().values()]
-    nodes = _wait_for_nodes(grid, cfg.clients or 1)
+    nodes = wait_for_nodes(grid, cfg.clients or 1)
     rng = np.random.default_rng(cfg.seed)
     start = time.monotonic()
     history: list[RoundRecord] = []
@@ -97,7 +99,7 @@ def run_federation(
     return FederationResult(dict(zip(keys, weights, strict=True)), history)
 
 
-def _wait_for_nodes(grid: Grid, wanted: int) -> list[int]:
+def wait_for_nodes(grid: Grid, wanted: int) -> list[int]:
     """Block until the grid has nodes (all `wanted` or whatever came within the wait)."""
     deadline = time.monotonic() + NODE_WAIT_SECONDS
     while True:

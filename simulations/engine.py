@@ -19,7 +19,7 @@ from edgesched import data
 from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
 from edgesched.models import model_size
-from edgesched.results import JobRecord, RoundRecord, RunRecorder
+from edgesched.results import JobRecord, RoundRecord, RunRecorder, prediction_error
 from edgesched.simulations.progress import RoundProgress
 
 if TYPE_CHECKING:
@@ -46,7 +46,10 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     if not results:
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
     extra = {"seconds": round(time.monotonic() - started, 2), "dataset": cfg.dataset, "clients": cfg.clients,
-             **model_size(cfg.dataset)}
+             "strategy": cfg.strategy, **model_size(cfg.dataset)}
+    if cfg.strategy == "edgesched":
+        recorder.write_decisions(results[0].decisions)
+        extra["prediction_error"] = prediction_error(results[0].decisions, after_round=5)
     return recorder.finish(results[0].weights, extra)
 
 

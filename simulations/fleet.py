@@ -34,6 +34,12 @@ class Dynamics:
     dropout: float = 0.0  # probability that a device drops out during a job
     background_load: float = 0.0  # mean extra slowdown of a job from other work (0.2 = 20 % slower)
     availability: bool = True  # devices go offline and come back (per group's periods)
+    diurnal: bool = False  # online and charging periods longer at night
+    start_hour: float = 9.0  # time of day at virtual time 0 (for the diurnal pattern)
+    thermal: bool = True  # boards with a thermal model heat up and throttle
+    battery: bool = True  # boards with a battery drain, charge, and go flat
+    bandwidth_noise: bool = True  # each transfer draws its bandwidth (off: the link's mean)
+    heartbeat_s: float = 60.0  # virtual seconds between a device's heartbeats
 
 
 @dataclass(frozen=True)
@@ -51,13 +57,14 @@ class FleetSpec:
         return sum(g.count for g in self.groups)
 
     def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
-                       data_dir: str | None = None) -> FleetSpec:
+                       data_dir: str | None = None, strategy: str | None = None) -> FleetSpec:
         """The same fleet with CLI overrides applied (None keeps the file's value)."""
         run = dataclasses.replace(
             self.run,
             seed=self.run.seed if seed is None else seed,
             rounds=rounds or self.run.rounds,
             data_dir=data_dir or self.run.data_dir,
+            strategy=strategy or self.run.strategy,
         )
         dynamics = self.dynamics if dropout is None else dataclasses.replace(self.dynamics, dropout=dropout)
         if not 0 <= dynamics.dropout <= 1:
@@ -98,7 +105,7 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
     r.only(data, "data.", {"dataset", "partitioner", "alpha", "data_dir"})
     r.only(training, "training.",
            {"rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "round_timeout_s"})
-    r.only(dyn, "dynamics.", {"dropout", "background_load", "availability"})
+    r.only(dyn, "dynamics.", {f.name for f in dataclasses.fields(Dynamics)})
     size = sum(g.count for g in groups)
     per_round = r.get(training, "clients_per_round", int, prefix="training.", check=lambda v: 1 <= v <= size,
                       rule=f"must be between 1 and the fleet's {size} devices")
@@ -126,6 +133,14 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
         background_load=r.get(dyn, "background_load", float, 0.0, prefix="dynamics.", check=lambda v: v >= 0,
                               rule="must be >= 0"),
         availability=r.get(dyn, "availability", bool, True, prefix="dynamics."),
+        diurnal=r.get(dyn, "diurnal", bool, False, prefix="dynamics."),
+        start_hour=r.get(dyn, "start_hour", float, 9.0, prefix="dynamics.", check=lambda v: 0 <= v < 24,
+                         rule="must be in [0, 24)"),
+        thermal=r.get(dyn, "thermal", bool, True, prefix="dynamics."),
+        battery=r.get(dyn, "battery", bool, True, prefix="dynamics."),
+        bandwidth_noise=r.get(dyn, "bandwidth_noise", bool, True, prefix="dynamics."),
+        heartbeat_s=r.get(dyn, "heartbeat_s", float, 60.0, prefix="dynamics.", check=lambda v: v >= 1,
+                          rule="must be >= 1"),
     )
     return FleetSpec(
         name=r.get(raw, "name", str, path.stem),

@@ -1,4 +1,4 @@
-"""Virtual fleets end to end: Flower's FedAvg in virtual time, real training, same seed same bytes."""
+"""Virtual fleets end to end: FedAvg and edgesched in virtual time, real training, same seed same bytes."""
 
 import csv
 import json
@@ -32,10 +32,24 @@ def test_same_seed_gives_byte_identical_events_and_model(tmp_path):
     assert times == sorted(times)
 
 
+def test_edgesched_gives_the_same_bytes_over_the_embedded_broker(tmp_path):
+    args = ("--fleet", "lab-20", "--rounds", "3", "--seed", "4", "--dropout", "0.3", "--strategy", "edgesched")
+    a = _simulate(tmp_path / "a", *args)
+    b = _simulate(tmp_path / "b", *args, "--broker", "embedded")
+    for name in ("events.jsonl", "decisions.jsonl", "model.npz"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["telemetry"] == "embedded"
+    assert a["telemetry_dropped"] == b["telemetry_dropped"] == {}
+    decisions = [json.loads(line) for line in (tmp_path / "a" / "decisions.jsonl").read_text().splitlines()]
+    assert {d["kind"] for d in decisions} >= {"round", "plan", "outcome"}
+    assert (tmp_path / "a" / "decisions.png").exists()
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "edgesched"])
 @pytest.mark.parametrize("fleet", ["lab-20", "campus-100", "phones-1000"])
-def test_flower_fedavg_runs_on_every_shipped_fleet(tmp_path, fleet):
-    summary = _simulate(tmp_path, "--fleet", fleet, "--rounds", "1")
-    assert summary["fleet"] == fleet and summary["strategy"] == "fedavg" and summary["rounds"] == 1
+def test_every_strategy_runs_on_every_shipped_fleet(tmp_path, fleet, strategy):
+    summary = _simulate(tmp_path, "--fleet", fleet, "--rounds", "1", "--strategy", strategy)
+    assert summary["fleet"] == fleet and summary["strategy"] == strategy and summary["rounds"] == 1
     assert summary["virtual_seconds"] > 0 and summary["device_seconds"] > 0
     # Real updates arrived and were aggregated (accuracy after one round depends on the fleet:
     # a phone holds 60 samples, two SGD steps).

@@ -41,7 +41,7 @@ def test_a_device_that_drops_mid_job_never_delivers():
 
 
 def test_phones_come_and_go_while_plugged_in_boards_stay():
-    fleet = _fleet()
+    fleet = _fleet(battery=False)
     jetsons = [d.index for d in fleet.devices if d.board.name.startswith("jetson")]
     phones = [d.index for d in fleet.devices if d.board.name.startswith("phone")]
     seen_online = {i: 0 for i in phones}

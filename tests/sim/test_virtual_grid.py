@@ -81,7 +81,8 @@ def test_waits_in_virtual_time_until_enough_devices_are_online(tmp_path):
     grid, _, events = _grid(tmp_path, dropout=0.0)
     grid._per_round = 3
     for device in grid._fleet.devices[:6]:  # only two are online now; the others come back later
-        device.online, device.next_toggle, device.offline_s, device.online_s = False, 500.0 + device.index, 1.0, 1e9
+        device.online, device.next_toggle = False, 500.0 + device.index
+        device.group = dataclasses.replace(device.group, online_s=1e9)
     for device in grid._fleet.devices[6:]:
         device.online, device.next_toggle = True, float("inf")
     online = list(grid.get_node_ids())
@@ -103,7 +104,7 @@ def test_a_device_busy_with_a_late_job_is_not_offered_again(tmp_path):
     grid, _, _ = _grid(tmp_path, dropout=0.0)
     replies = list(grid.send_and_receive(_messages(grid), timeout=1e-3))  # everyone is late
     assert replies == [] and grid.last.late == 8
-    finish = sorted(grid._busy_until.items(), key=lambda item: item[1])
+    finish = sorted(((d.index, d.busy_until) for d in grid._fleet.devices), key=lambda item: item[1])
     grid._per_round = 2
     offer = list(grid.get_node_ids())
     assert grid.clock.now == finish[1][1]  # waited until the second device was free

@@ -14,6 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from edgesched.config import RunConfig
 from edgesched.registry import DeviceRegistry, RegistryConfig
 from edgesched.server.federation import run_federation
+from edgesched.server.gateway import run_adaptive
 from edgesched.telemetry import Status, topic
 
 from ..grids import LocalGrid
@@ -32,6 +33,12 @@ class RecordingTelemetry:
 
     def link_node(self, device_id: str, node_id: int) -> None:
         self.registry.link_node(device_id, node_id)
+
+    def snapshot(self):
+        return self.registry.snapshot(time.time())
+
+    def history(self, device_id: str):
+        return self.registry.history(device_id)
 
 
 @pytest.fixture(autouse=True)
@@ -60,3 +67,24 @@ def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path, monkeypa
     assert set(result.weights) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
     # Real boards leave their speed for the agent: one report per device id.
     assert {p.name for p in (tmp_path / "edgesched").iterdir()} == {f"{d}.job.json" for d in NODES.values()}
+
+
+def test_the_adaptive_scheduler_runs_over_flower_push_and_pull(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+    cfg = RunConfig(dataset="digits", clients=3, rounds=4, lr=0.05, strategy="edgesched", max_epochs=5,
+                    min_deadline=0.01).resolved()
+    grid = LocalGrid({node: {"device-id": device} for node, device in NODES.items()})
+    telemetry, rounds = RecordingTelemetry(), []
+    result = run_adaptive(grid, cfg, lambda record, jobs: rounds.append((record, jobs)), telemetry)
+
+    assert [r.round for r, _ in rounds] == [1, 2, 3, 4]
+    assert all(r.replied >= 1 for r, _ in rounds) and rounds[-1][0].accuracy > 0.5
+    configs = [m.content["config"] for m in grid.sent]
+    assert all(int(c["max-steps"]) >= 1 and int(c["local-epochs"]) >= 1 for c in configs)  # the plan's work
+    plans = [e for e in result.decisions if e["kind"] == "plan" and e["selected"]]
+    assert {e["device"] for e in plans} <= {f"node-{n}" for n in NODES}
+    outcomes = [e for e in result.decisions if e["kind"] == "outcome"]
+    assert outcomes and all(e["outcome"] == "counted" for e in outcomes)
+    # Replies named their devices: the registry now joins each device to its Flower node.
+    snapshot = telemetry.registry.snapshot(time.time())
+    assert {d: snapshot.devices[d].node_id for d in NODES.values()} == {v: k for k, v in NODES.items()}

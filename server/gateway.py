@@ -1,0 +1,108 @@
+"""The adaptive scheduler on a gateway: Flower's nodes, the MQTT registry, the wall clock.
+
+A Flower node is planned under the id `node-{id}`; once one of its replies names the device
+it runs on (its node config's `device-id`), the registry's heartbeats for that device feed
+its predictions and risk, and its Last Will ends its jobs at once. Partition `i` is trained
+by the `i`-th node seen, as in the synchronous loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from edgesched import data, partition
+from edgesched.config import RunConfig
+from edgesched.models import model_size
+from edgesched.mqtt import RegistryListener
+from edgesched.predict import Predictor
+from edgesched.registry import DeviceState
+from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig, device_view
+from edgesched.server.federation import FederationResult, RoundCallback, wait_for_nodes
+from edgesched.server.semi_async import WallClock, run_semi_async
+
+NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
+
+
+class GatewayFleet:
+    def __init__(self, grid: object, telemetry: RegistryListener | None, sizes: list[int]) -> None:
+        self._grid = grid
+        self._telemetry = telemetry
+        self._sizes = sizes
+        self._partition: dict[int, int] = {}
+        self._nodes_at = -np.inf
+        self._nodes: list[int] = []
+
+    def nodes(self) -> list[int]:
+        if time.monotonic() - self._nodes_at > NODE_LIST_TTL_S:
+            self._nodes = sorted(self._grid.get_node_ids())
+            self._nodes_at = time.monotonic()
+            for node in self._nodes:
+                self._partition.setdefault(node, len(self._partition) % len(self._sizes))
+        return self._nodes
+
+    def _states(self) -> dict[int, DeviceState]:
+        if self._telemetry is None:
+            return {}
+        snapshot = self._telemetry.snapshot()
+        return {s.node_id: s for s in snapshot.devices.values() if s.node_id is not None}
+
+    def views(self, now: float) -> list[DeviceView]:
+        states = self._states()
+        views = []
+        for node in self.nodes():
+            samples = self._sizes[self._partition[node]]
+            state = states.get(node)
+            if state is None:
+                views.append(DeviceView(f"node-{node}", samples))
+            elif state.online:
+                history = self._telemetry.history(state.device_id) if self._telemetry else ()
+                views.append(device_view(state, samples, history, device=f"node-{node}"))
+        return views
+
+    def target(self, device: str) -> tuple[int, int]:
+        node = int(device.removeprefix("node-"))
+        return node, self._partition[node]
+
+    def session(self, device: str, now: float) -> int | None:
+        node = int(device.removeprefix("node-"))
+        if node not in self.nodes():
+            return None
+        state = self._states().get(node)
+        if state is None:
+            return 0
+        if not state.online:
+            return None
+        return state.heartbeat.session if state.heartbeat else 0
+
+    def seen(self, node: int, device_id: str) -> None:
+        if self._telemetry is not None:
+            self._telemetry.link_node(device_id, node)
+
+
+def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
+                 telemetry: RegistryListener | None = None) -> FederationResult:
+    """The adaptive scheduler's run on a gateway (or over the plain simulation's nodes)."""
+    import torch
+
+    from edgesched.models import build_model
+    from edgesched.training import evaluate
+
+    ds = data.load(cfg.dataset, cfg.data_dir)
+    sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.partitioner or "iid", cfg.clients or 1,
+                                                 cfg.alpha, cfg.seed)]
+    model = build_model(cfg.dataset, cfg.seed)
+    keys = list(model.state_dict())
+
+    def evaluate_weights(weights: list[np.ndarray]) -> tuple[float, float]:
+        model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(keys, weights, strict=True)})
+        return evaluate(model, ds.x_test, ds.y_test)
+
+    wait_for_nodes(grid, cfg.clients or 1)
+    size = model_size(cfg.dataset)
+    scheduler = Scheduler(SchedulerConfig.from_run(cfg), Predictor(4 * size["model_parameters"]))
+    weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    result = run_semi_async(grid, WallClock(), GatewayFleet(grid, telemetry, sizes), scheduler, cfg, weights,
+                            evaluate_weights, on_round)
+    return FederationResult(result.weights, result.rounds, scheduler.log)

@@ -1,0 +1,179 @@
+"""The adaptive scheduler's round loop over Flower's Grid: push, then pull as jobs end.
+
+Flower's `Strategy.start` sends a round and waits for all of it, so nothing can arrive late
+and still count. This loop pushes each round's jobs with `Grid.push_messages`, pulls replies
+with `Grid.pull_messages` until the round's deadline (or until every job due this round has
+ended), and leaves late jobs in flight: their updates count in a later round while within
+their staleness bound. It is the same loop on a gateway (Flower's Grid, the wall clock, the
+MQTT registry) and in the simulator (the virtual grid and clock, the virtual registry): the
+two differ only in the `Clock` and `FleetView` they pass in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from edgesched.config import RunConfig
+from edgesched.errors import EdgeschedError
+from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_config
+from edgesched.results import JobRecord, RoundRecord
+from edgesched.scheduler import DeviceView, Scheduler
+from edgesched.server.federation import FederationResult, job_record, mean_train_loss
+
+Evaluate = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    def wait(self, until: float) -> None:
+        """Return at `until`, or earlier if a reply may have arrived."""
+
+
+class FleetView(Protocol):
+    def views(self, now: float) -> list[DeviceView]:
+        """The devices online now, as the registry sees them."""
+
+    def target(self, device: str) -> tuple[int, int]:
+        """(Flower node id, partition id) that trains for `device`."""
+
+    def session(self, device: str, now: float) -> int | None:
+        """The device's current agent session, or None if it is offline."""
+
+    def seen(self, node: int, device_id: str) -> None:
+        """A reply from `node` named the device it runs on."""
+
+
+class WallClock:
+    """Deployment time: Unix seconds (the registry's clock), polling every `poll_s`."""
+
+    def __init__(self, poll_s: float = 0.2) -> None:
+        self.poll_s = poll_s
+
+    def now(self) -> float:
+        return time.time()
+
+    def wait(self, until: float) -> None:
+        time.sleep(max(0.0, min(self.poll_s, until - time.time())))
+
+
+@dataclass(frozen=True)
+class _Sent:
+    job_id: str
+    device: str
+    round: int
+    session: int | None
+
+
+def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Scheduler, cfg: RunConfig,
+                   weights: dict[str, np.ndarray], evaluate: Evaluate,
+                   on_round: Callable[[RoundRecord, list[JobRecord]], None]) -> FederationResult:
+    keys = list(weights)
+    current = list(weights.values())
+    bases: dict[int, list[np.ndarray]] = {}  # the global model each round's jobs started from
+    pending: dict[str, _Sent] = {}
+    history: list[RoundRecord] = []
+    started = time.monotonic()
+    for rnd in range(1, cfg.rounds + 1):
+        assignments, views = _plan(scheduler, fleet, clock, rnd, cfg)
+        bases[rnd] = current
+        arrays = ArrayRecord({k: Array(w) for k, w in zip(keys, current, strict=True)})
+        now = clock.now()
+        by_device = {v.device: v for v in views}
+        for a in assignments:
+            node, partition = fleet.target(a.device)
+            config = {**job_config(cfg, rnd, partition), "local-epochs": a.epochs, "max-steps": a.steps}
+            msg = Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)}), dst_node_id=node,
+                          message_type=MessageType.TRAIN, group_id=str(rnd))
+            (msg_id,) = grid.push_messages([msg])
+            view = by_device[a.device]
+            scheduler.dispatched(msg_id, a, now, view.heartbeat, view.board)
+            hb_session = view.heartbeat.session if view.heartbeat else None
+            pending[msg_id] = _Sent(msg_id, a.device, rnd, hb_session)
+        round_end = now + scheduler.deadline
+        jobs: list[JobRecord] = []
+        lost = 0
+        while True:
+            jobs += _collect(grid, scheduler, fleet, pending, bases, clock.now(), rnd)
+            lost += _drop_gone(scheduler, fleet, pending, clock.now())
+            if scheduler.round_complete() or clock.now() >= round_end:
+                break
+            clock.wait(round_end)
+        for job_id in scheduler.expire(clock.now()):
+            pending.pop(job_id, None)
+        current, used = scheduler.close_round(current)
+        bases = {r: w for r, w in bases.items() if any(s.round == r for s in pending.values())}
+        loss, accuracy = evaluate(current)
+        scheduler.after_round(rnd, clock.now(), loss, scheduler.last_step_norm if used else 0.0)
+        record = RoundRecord(
+            round=rnd, accuracy=accuracy, loss=loss, train_loss=mean_train_loss(jobs),
+            selected=len(assignments), replied=used, failed=lost, samples=sum(j.samples for j in jobs),
+            seconds=time.monotonic() - started, virtual_seconds=clock.now(),
+        )
+        history.append(record)
+        on_round(record, jobs)
+    return FederationResult(dict(zip(keys, current, strict=True)), history)
+
+
+def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: RunConfig) -> tuple[list, list]:
+    """Plan the round once `clients_per_round` devices are free (as Flower waits for its minimum
+    of nodes), or with whoever is free after the round timeout; meanwhile late jobs may land."""
+    give_up = clock.now() + cfg.round_timeout
+    while True:
+        now = clock.now()
+        views = fleet.views(now)
+        busy = scheduler.busy()
+        free = sum(1 for v in views if v.device not in busy)
+        if free >= cfg.clients_per_round or (free and now >= give_up):
+            assignments = scheduler.plan(rnd, now, views)
+            if assignments:
+                return assignments, views
+        if now >= give_up:
+            raise EdgeschedError(f"round {rnd}: no device could take work for {cfg.round_timeout:.0f} s "
+                                 f"({len(views)} online, {len(scheduler.busy())} busy)")
+        clock.wait(min(give_up, now + max(1.0, cfg.round_timeout / 20)))
+
+
+def _collect(grid: Grid, scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent],
+             bases: dict[int, list[np.ndarray]], now: float, rnd: int) -> list[JobRecord]:
+    """Hand every reply that came in to the scheduler; return the job records of those that counted."""
+    if not pending:
+        return []
+    counted = []
+    for reply in grid.pull_messages(list(pending)):
+        sent = pending.pop(reply.metadata.reply_to_message_id, None)
+        if sent is None:
+            continue
+        if reply.has_error() or ARRAYS not in reply.content:
+            reason = reply.error.reason if reply.has_error() else "no weights in the reply"
+            scheduler.lost(sent.job_id, now, f"error: {reason}")
+            continue
+        if DEVICE in reply.content:
+            fleet.seen(reply.metadata.src_node_id, str(reply.content[DEVICE]["device-id"]))
+        m = reply.content[METRICS]
+        trained = reply.content[ARRAYS].to_numpy_ndarrays()
+        delta = [b - t for b, t in zip(bases[sent.round], trained, strict=True)]
+        if scheduler.arrived(sent.job_id, now, delta, steps=int(m["steps"]), samples=int(m["samples"]),
+                             data_size=int(m["num-examples"]), compute_s=float(m["seconds"]), loss=float(m["loss"])):
+            counted.append(job_record(rnd, reply))
+    return counted
+
+
+def _drop_gone(scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent], now: float) -> int:
+    """Jobs whose device went offline, or restarted its agent, will never reply."""
+    gone = []
+    for sent in pending.values():
+        session = fleet.session(sent.device, now)
+        if session is None or (sent.session is not None and session != sent.session):
+            gone.append(sent)
+    for sent in gone:
+        scheduler.lost(sent.job_id, now, "device offline")
+        del pending[sent.job_id]
+    return len(gone)

@@ -1,0 +1,197 @@
+"""The scheduler's mechanisms on hand-made fleets: plan, battery, staleness, FedNova, prediction."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from edgesched.aggregate import Update, fednova, momentum_steps
+from edgesched.feedback import ConvergenceMonitor, Knobs
+from edgesched.plan import Candidates, PlanConfig, plan_round
+from edgesched.predict import Predictor
+from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig
+from edgesched.telemetry import Heartbeat
+
+
+def candidates(sps: list[float], transfer: list[float], samples: int = 600, **over: object) -> Candidates:
+    n = len(sps)
+    fields = dict(
+        devices=[f"d{i}" for i in range(n)], samples=np.full(n, samples), seconds_per_sample=np.array(sps),
+        transfer_s=np.array(transfer), risk=np.zeros(n), loss=np.ones(n), idle_rounds=np.zeros(n),
+        energy_samples=np.full(n, math.inf), fits_memory=np.ones(n, dtype=bool), transfer_bytes=np.full(n, 1e6),
+    )
+    fields.update(over)
+    return Candidates(**fields)
+
+
+def hb(device: str, t: float, **over: object) -> Heartbeat:
+    values = dict(device_id=device, session=1, seq=int(t) + 1, sent_at=t, cpu_percent=0.0, load1=0.0,
+                  mem_available_mb=2000.0, mem_total_mb=4000.0)
+    values.update(over)
+    return Heartbeat(**values)
+
+
+def test_plan_equalises_predicted_finish_times_within_10_percent():
+    # A 10x spread of speeds and links: every on-time device should finish at the deadline.
+    cands = candidates(sps=[0.001, 0.002, 0.004, 0.008, 0.010], transfer=[0.5, 1.0, 0.3, 2.0, 1.5])
+    plan = plan_round(cands, deadline=6.0, cfg=PlanConfig(target_updates=5, max_epochs=10))
+    on_time = [a for a in plan.assignments if a.staleness == 0]
+    assert len(on_time) == 5
+    finishes = np.array([a.predicted_s for a in on_time])
+    assert finishes.max() <= 6.0 + 1e-9
+    assert finishes.min() >= 0.9 * finishes.max()
+    by_device = {a.device: a for a in on_time}
+    assert by_device["d0"].samples > 3 * by_device["d4"].samples  # fast devices get more work
+
+
+def test_too_slow_device_trains_for_a_later_round_with_a_staleness_bound():
+    cands = candidates(sps=[0.001, 0.05], transfer=[0.1, 1.0])  # d1 needs 1 + 150 * 0.05 = 8.5 s for 1/4 epoch
+    plan = plan_round(cands, deadline=3.0, cfg=PlanConfig(target_updates=2, max_staleness=3, min_epochs=0.25))
+    slow = next(a for a in plan.assignments if a.device == "d1")
+    assert slow.staleness == 2 and slow.staleness_bound == 3
+    tight = plan_round(cands, deadline=3.0, cfg=PlanConfig(target_updates=2, max_staleness=1, min_epochs=0.25))
+    assert tight.skipped == {"d1": "too_slow"}
+
+
+def test_over_selection_follows_predicted_risk():
+    risky = candidates(sps=[0.001] * 20, transfer=[0.1] * 20, risk=np.full(20, 0.5))
+    safe = candidates(sps=[0.001] * 20, transfer=[0.1] * 20)
+    cfg = PlanConfig(target_updates=5, max_overselect=3.0)
+    assert len(plan_round(safe, 5.0, cfg).assignments) == 5
+    assert len(plan_round(risky, 5.0, cfg).assignments) == 10
+
+
+def test_long_idle_device_is_chosen_again():
+    # d1's data matters less per round, but after sitting out long enough it outranks d0.
+    cands = candidates(sps=[0.001, 0.001], transfer=[0.1, 0.1], loss=np.array([1.0, 0.3]))
+    cfg = PlanConfig(target_updates=1, fairness_rounds=2.0)
+    assert plan_round(cands, 5.0, cfg).assignments[0].device == "d0"
+    aged = candidates(sps=[0.001, 0.001], transfer=[0.1, 0.1], loss=np.array([1.0, 0.3]), idle_rounds=np.array([0, 8]))
+    assert plan_round(aged, 5.0, cfg).assignments[0].device == "d1"
+
+
+def test_gateway_traffic_budget_limits_the_round():
+    cands = candidates(sps=[0.001] * 10, transfer=[0.1] * 10)
+    cfg = PlanConfig(target_updates=10, gateway_bytes_per_s=1e6)  # 5 s x 1 MB/s = 5 jobs of 1 MB
+    plan = plan_round(cands, 5.0, cfg)
+    assert len(plan.assignments) == 5 and set(plan.skipped.values()) == {"capacity"}
+
+
+def scheduler(k: int = 2, **plan: object) -> Scheduler:
+    predictor = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002})
+    return Scheduler(SchedulerConfig(PlanConfig(target_updates=k, **plan)), predictor)
+
+
+def test_device_with_falling_battery_gets_less_work_then_none():
+    work = []
+    for level in (90.0, 24.0, 22.5, 15.0):  # draining 0.5 %/s toward a 20 % reserve
+        s = scheduler(k=1, max_epochs=5, min_epochs=0.25)
+        view = DeviceView("phone", 3000, hb("phone", 0.0, battery_percent=level, charging=False), "pi",
+                          battery_drain_pct_s=0.5)
+        assignments = s.plan(1, 0.0, [view])
+        work.append(assignments[0].samples if assignments else 0)
+    assert work[0] > work[1] > work[2] > 0 and work[3] == 0
+    # Plugged in, the same low battery is no limit.
+    s = scheduler(k=1, max_epochs=5, min_epochs=0.25)
+    view = DeviceView("phone", 3000, hb("phone", 0.0, battery_percent=15.0, charging=True), "pi")
+    assert s.plan(1, 0.0, [view])[0].samples == work[0]
+
+
+def test_update_older_than_its_bound_is_refused_and_within_it_counts():
+    s = scheduler(k=2, max_staleness=1)
+    views = [DeviceView("a", 600, None, "pi"), DeviceView("b", 600, None, "pi")]
+    a, b = s.plan(1, 0.0, views)
+    assert a.staleness_bound == b.staleness_bound == 1
+    s.dispatched("ja", a, 0.0, None, "pi")
+    s.dispatched("jb", b, 0.0, None, "pi")
+    delta = [np.ones(3, dtype=np.float32)]
+    s.plan(2, 10.0, [])  # round 2 begins: both jobs are now one round stale
+    assert s.arrived("ja", 10.0, delta, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
+    s.plan(3, 20.0, [])
+    assert not s.arrived("jb", 20.0, delta, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
+    outcomes = [e["outcome"] for e in s.log if e["kind"] == "outcome"]
+    assert outcomes == ["counted", "too_stale"]
+
+
+def test_non_finite_update_is_refused():
+    s = scheduler(k=1)
+    (a,) = s.plan(1, 0.0, [DeviceView("a", 600, None, "pi")])
+    s.dispatched("j", a, 0.0, None, "pi")
+    assert not s.arrived("j", 1.0, [np.array([np.nan])], steps=1, samples=32, data_size=600, compute_s=0.1, loss=1.0)
+    assert s.close_round([np.zeros(1)])[1] == 0
+
+
+def test_fednova_matches_a_hand_computation():
+    # Two clients, plain SGD: deltas are sums of steps; FedNova averages per-step directions.
+    d1, d2 = np.array([4.0, 0.0]), np.array([0.0, 1.0])
+    updates = [Update([d1], samples=100, steps=4, staleness=0), Update([d2], samples=300, steps=1, staleness=0)]
+    (step,), tau = fednova(updates, momentum=0.0, exponent=0.5)
+    p = np.array([0.25, 0.75])
+    tau_hand = p @ [4, 1]  # 1.75
+    hand = tau_hand * (p[0] * d1 / 4 + p[1] * d2 / 1)
+    assert tau == pytest.approx(tau_hand)
+    np.testing.assert_allclose(step, hand)
+    np.testing.assert_allclose(step, [0.4375, 1.3125])
+    # FedAvg would have weighted the raw deltas: the 4-step client pulls 4x harder there.
+    assert not np.allclose(step, p[0] * d1 + p[1] * d2)
+
+
+def test_fednova_staleness_and_momentum_weights():
+    assert momentum_steps(1, 0.9) == pytest.approx(1.0)
+    # Heavy-ball with rho: step k's gradient acts (1 - rho^(tau-k)) / (1 - rho) times.
+    assert momentum_steps(3, 0.5) == pytest.approx(sum((1 - 0.5 ** (3 - k)) / 0.5 for k in range(3)))
+    fresh, stale = Update([np.array([1.0])], 100, 1, 0), Update([np.array([-1.0])], 100, 1, 3)
+    (step,), _ = fednova([fresh, stale], momentum=0.0, exponent=0.5)
+    w_stale = (1 + 3) ** -0.5
+    assert step[0] == pytest.approx((1 - w_stale) / (1 + w_stale))
+
+
+def test_predictor_converges_after_a_device_slows_down():
+    p = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.001})
+    errors = []
+    for job in range(30):
+        true_sps = 0.001 if job < 10 else 0.004  # throttled from job 10 on
+        pred = p.predict("d", None, "pi")
+        actual_compute = 1000 * true_sps
+        errors.append(p.observe("d", pred, 1000, actual_compute, actual_compute + 0.5, factor=1.0))
+    assert abs(errors[9]) < 0.05  # learned the first speed
+    assert abs(errors[10]) > 0.5  # the change is a surprise
+    assert abs(errors[-1]) < 0.05  # and is learned again
+    assert p.predict("d", None, "pi").seconds_per_sample == pytest.approx(0.004, rel=0.05)
+
+
+def test_predictor_separates_the_devices_speed_from_its_load():
+    p = Predictor(model_bytes=1_000_000)
+    busy = hb("d", 0.0, cpu_percent=50.0)  # half the CPU is someone else's: twice as slow
+    for _ in range(10):
+        pred = p.predict("d", busy)
+        p.observe("d", pred, 1000, 2.0, 2.5, factor=p.slowdown("d", busy))
+    assert p.predict("d", hb("d", 1.0)).seconds_per_sample == pytest.approx(0.001, rel=0.02)
+    assert p.predict("d", busy).seconds_per_sample == pytest.approx(0.002, rel=0.02)
+
+
+def test_feedback_tightens_on_a_loss_jump_and_relaxes_after_calm():
+    m = ConvergenceMonitor(Knobs(max_epochs=3, max_staleness=3, server_lr=1.0))
+    assert m.observe(1, 1.0, 1.0) == [] and m.observe(2, 0.8, 1.0) == []
+    changes = m.observe(3, 1.2, 1.0)
+    assert {c.knob for c in changes} == {"max_epochs", "max_staleness", "server_lr"}
+    assert m.knobs == Knobs(2, 2, 0.5) and "above the recent best" in changes[0].reason
+    for rnd in range(4, 7):
+        changes = m.observe(rnd, 0.7, 1.0)
+    assert m.knobs == Knobs(3, 3, 1.0) and changes[0].reason == "3 calm rounds"
+
+
+def test_feedback_waits_longer_after_a_give_back_that_wobbled():
+    m = ConvergenceMonitor(Knobs(max_epochs=2, max_staleness=2, server_lr=1.0))
+    m.observe(1, 1.0, 1.0)
+    m.observe(2, 1.2, 1.0)  # wobble: tighten
+    for rnd in range(3, 6):
+        m.observe(rnd, 0.9, 1.0)  # three calm rounds: give back
+    assert m.knobs == Knobs(2, 2, 1.0)
+    changes = m.observe(6, 1.3, 1.0)  # the give-back wobbled at once
+    assert "next give-back after 6 calm rounds" in changes[0].reason
+    for rnd in range(7, 12):
+        assert m.observe(rnd, 0.8, 1.0) == []  # five calm rounds are no longer enough
+    assert m.observe(12, 0.8, 1.0)[0].reason == "6 calm rounds"
