@@ -75,10 +75,12 @@ def simulate(
         "calibrated on real boards and phones, trained for real, timed in virtual seconds. The file sets the "
         "data and training options; --seed, --rounds, --data-dir and --dropout override it."
     ))] = None,
-    strategy: Annotated[str, Opt(help=(
-        "fedavg (Flower's stock FedAvg, synchronous) or edgesched (the adaptive scheduler: per-device work, "
-        "epochs and staleness from predicted speed and dropout risk; semi-asynchronous aggregation)."
-    ))] = "fedavg",
+    strategy: Annotated[str | None, Opt(help=(
+        "edgesched (the adaptive scheduler: per-device work, epochs and staleness bound from predicted speed "
+        "and dropout risk; semi-asynchronous aggregation; docs/scheduler.md) or fedavg (Flower's FedAvg, "
+        "synchronous rounds). Default: edgesched with --fleet; fedavg for a plain run, whose identical "
+        "clients leave nothing to schedule."
+    ))] = None,
     broker: Annotated[str | None, Opt(help=(
         "With --fleet: carry the virtual devices' heartbeats over MQTT instead of in-process: 'embedded' "
         "(a broker on loopback) or mqtt://host:port. Decisions come out the same either way."
@@ -97,7 +99,8 @@ def simulate(
     model.npz (the final global weights) and accuracy.png.
     """
     if fleet is not None:
-        _simulate_fleet(fleet, strategy, broker, seed, rounds, dropout, str(data_dir) if data_dir else None, out)
+        _simulate_fleet(fleet, strategy or "edgesched", broker, seed, rounds, dropout,
+                        str(data_dir) if data_dir else None, out)
         return
     if dropout is not None or broker is not None:
         raise ConfigError("--dropout and --broker need --fleet: they describe a virtual fleet")
@@ -105,7 +108,7 @@ def simulate(
     cfg = RunConfig(
         dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, partitioner=partitioner,
         alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
-        client_cpus=client_cpus, broker="none", strategy=strategy,
+        client_cpus=client_cpus, broker="none", strategy=strategy or "fedavg",
         **{k: v for k, v in optional.items() if v is not None},
     ).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"

@@ -109,6 +109,12 @@ class Scheduler:
     def busy(self) -> set[str]:
         return {job.device for job in self._jobs.values()}
 
+    def start_round(self, rnd: int) -> None:
+        """A new round: from now on arrivals are measured against it."""
+        self.round = rnd
+        self._due = self._on_time = 0
+        self.errors = []
+
     def plan(self, rnd: int, now: float, views: Sequence[DeviceView]) -> list[Assignment]:
         self.round = rnd
         busy = self.busy()
@@ -123,8 +129,6 @@ class Scheduler:
         self.deadline = choose_deadline(cands, cfg, self.stretch)
         plan = plan_round(cands, self.deadline, cfg)
         self._due = sum(1 for a in plan.assignments if a.staleness == 0)
-        self._on_time = 0
-        self.errors = []
         self.log.append({"t": now, "round": rnd, "kind": "round", "deadline_s": self.deadline,
                          "stretch": self.stretch, "candidates": len(views), "busy": len(busy),
                          "selected": len(plan.assignments), "expected_updates": plan.expected_updates})

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +32,8 @@ Evaluate = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss
 
 
 class Clock(Protocol):
+    virtual: bool  # True: simulated seconds, recorded as the rounds' virtual time
+
     def now(self) -> float: ...
 
     def wait(self, until: float) -> None:
@@ -54,6 +57,8 @@ class FleetView(Protocol):
 class WallClock:
     """Deployment time: Unix seconds (the registry's clock), polling every `poll_s`."""
 
+    virtual = False
+
     def __init__(self, poll_s: float = 0.2) -> None:
         self.poll_s = poll_s
 
@@ -62,6 +67,14 @@ class WallClock:
 
     def wait(self, until: float) -> None:
         time.sleep(max(0.0, min(self.poll_s, until - time.time())))
+
+
+@dataclass
+class _Intake:
+    """What a round took in: the job records of updates that counted, and the jobs lost."""
+
+    jobs: list[JobRecord] = field(default_factory=list)
+    lost: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,10 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
     history: list[RoundRecord] = []
     started = time.monotonic()
     for rnd in range(1, cfg.rounds + 1):
-        assignments, views = _plan(scheduler, fleet, clock, rnd, cfg)
+        scheduler.start_round(rnd)
+        intake = _Intake()
+        poll = partial(_poll, grid, scheduler, fleet, clock, pending, bases, rnd, intake)
+        assignments, views = _plan(scheduler, fleet, clock, rnd, cfg, poll)
         bases[rnd] = current
         arrays = ArrayRecord({k: Array(w) for k, w in zip(keys, current, strict=True)})
         now = clock.now()
@@ -98,35 +114,35 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
             hb_session = view.heartbeat.session if view.heartbeat else None
             pending[msg_id] = _Sent(msg_id, a.device, rnd, hb_session)
         round_end = now + scheduler.deadline
-        jobs: list[JobRecord] = []
-        lost = 0
         while True:
-            jobs += _collect(grid, scheduler, fleet, pending, bases, clock.now(), rnd)
-            lost += _drop_gone(scheduler, fleet, pending, clock.now())
+            poll()
             if scheduler.round_complete() or clock.now() >= round_end:
                 break
             clock.wait(round_end)
         for job_id in scheduler.expire(clock.now()):
             pending.pop(job_id, None)
         current, used = scheduler.close_round(current)
-        bases = {r: w for r, w in bases.items() if any(s.round == r for s in pending.values())}
+        for old in [r for r in bases if not any(s.round == r for s in pending.values())]:
+            del bases[old]
         loss, accuracy = evaluate(current)
         scheduler.after_round(rnd, clock.now(), loss, scheduler.last_step_norm if used else 0.0)
         record = RoundRecord(
-            round=rnd, accuracy=accuracy, loss=loss, train_loss=mean_train_loss(jobs),
-            selected=len(assignments), replied=used, failed=lost, samples=sum(j.samples for j in jobs),
-            seconds=time.monotonic() - started, virtual_seconds=clock.now(),
+            round=rnd, accuracy=accuracy, loss=loss, train_loss=mean_train_loss(intake.jobs),
+            selected=len(assignments), replied=used, failed=intake.lost, samples=sum(j.samples for j in intake.jobs),
+            seconds=time.monotonic() - started, virtual_seconds=clock.now() if clock.virtual else None,
         )
         history.append(record)
-        on_round(record, jobs)
+        on_round(record, intake.jobs)
     return FederationResult(dict(zip(keys, current, strict=True)), history)
 
 
-def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: RunConfig) -> tuple[list, list]:
+def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: RunConfig,
+          poll: Callable[[], None]) -> tuple[list, list]:
     """Plan the round once `clients_per_round` devices are free (as Flower waits for its minimum
-    of nodes), or with whoever is free after the round timeout; meanwhile late jobs may land."""
+    of nodes), or with whoever is free after the round timeout; meanwhile late jobs land."""
     give_up = clock.now() + cfg.round_timeout
     while True:
+        poll()
         now = clock.now()
         views = fleet.views(now)
         busy = scheduler.busy()
@@ -139,6 +155,13 @@ def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: R
             raise EdgeschedError(f"round {rnd}: no device could take work for {cfg.round_timeout:.0f} s "
                                  f"({len(views)} online, {len(scheduler.busy())} busy)")
         clock.wait(min(give_up, now + max(1.0, cfg.round_timeout / 20)))
+
+
+def _poll(grid: Grid, scheduler: Scheduler, fleet: FleetView, clock: Clock, pending: dict[str, _Sent],
+          bases: dict[int, list[np.ndarray]], rnd: int, intake: _Intake) -> None:
+    """Take in the replies that came, and drop the jobs whose device is gone."""
+    intake.jobs += _collect(grid, scheduler, fleet, pending, bases, clock.now(), rnd)
+    intake.lost += _drop_gone(scheduler, fleet, pending, clock.now())
 
 
 def _collect(grid: Grid, scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent],

@@ -66,6 +66,8 @@ class _Flight:
 
 
 class VirtualGrid(Grid):
+    virtual = True  # also the clock of edgesched's loop (`now`, `wait`)
+
     def __init__(self, grid: Grid, fleet: VirtualFleet, cfg: RunConfig, partition_sizes: list[int],
                  events: IO[str], per_round: int, telemetry: VirtualTelemetry | None = None,
                  executors: int = 1) -> None:

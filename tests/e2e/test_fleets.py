@@ -21,7 +21,7 @@ def _simulate(out, *args: str) -> dict:
 
 
 def test_same_seed_gives_byte_identical_events_and_model(tmp_path):
-    args = ("--fleet", "lab-20", "--rounds", "2", "--seed", "4", "--dropout", "0.3")
+    args = ("--fleet", "lab-20", "--rounds", "2", "--seed", "4", "--dropout", "0.3", "--strategy", "fedavg")
     a, b = _simulate(tmp_path / "a", *args), _simulate(tmp_path / "b", *args)
     for name in ("events.jsonl", "model.npz"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -72,3 +72,18 @@ def test_same_seed_same_model_bytes(tmp_path):
     columns = ("round", "accuracy", "loss", "train_loss", "samples")
     rows = [[{k: r[k] for k in columns} for r in csv.DictReader((o / "rounds.csv").open())] for o in outputs]
     assert rows[0] == rows[1]
+
+
+def test_the_adaptive_scheduler_runs_over_flowers_engine(tmp_path):
+    """`--strategy edgesched` without a fleet: the gateway's loop over the engine's real Grid."""
+    args = ["simulate", "--dataset", "digits", "--rounds", "4", "--strategy", "edgesched", "--out", str(tmp_path)]
+    result = subprocess.run([sys.executable, "-m", "edgesched", *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["strategy"] == "edgesched" and summary["rounds"] == 4
+    accuracy = [float(r["accuracy"]) for r in csv.DictReader((tmp_path / "rounds.csv").open())]
+    assert accuracy[-1] > max(0.5, accuracy[0] + 0.2)  # first jobs may land a round late: Ray starts slowly
+    decisions = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    counted = [d for d in decisions if d["kind"] == "outcome" and d["outcome"] == "counted"]
+    assert counted and all(d["actual_s"] > 0 for d in counted)
+    assert (tmp_path / "decisions.png").exists()
