@@ -161,8 +161,10 @@ def plot_decisions(log: list[dict[str, Any]], path: Path) -> None:
         actual = [e["actual_s"] for e in arrived]
         ax_pred.scatter(actual, [e["predicted_s"] for e in arrived], s=6, alpha=0.5,
                         c=[e["round"] for e in arrived], cmap="viridis")
-        top = max(actual + [e["predicted_s"] for e in arrived])
-        ax_pred.plot([0, top], [0, top], color="grey", linewidth=0.8)
+        both = actual + [e["predicted_s"] for e in arrived]
+        low, top = max(min(both), 1e-3), max(both)
+        ax_pred.plot([low, top], [low, top], color="grey", linewidth=0.8)
+        ax_pred.set(xscale="log", yscale="log")
     ax_pred.set(xlabel="actual job time (s)", ylabel="planned (upper-quantile) time (s)",
                 title="prediction vs outcome (colour: round)")
     by_round: dict[int, dict[str, int]] = {}

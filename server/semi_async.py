@@ -39,6 +39,9 @@ class Clock(Protocol):
     def wait(self, until: float) -> None:
         """Return at `until`, or earlier if a reply may have arrived."""
 
+    def mark(self, event: str, **data: object) -> None:
+        """Note a moment of the run (the simulator logs it to events.jsonl)."""
+
 
 class FleetView(Protocol):
     def views(self, now: float) -> list[DeviceView]:
@@ -67,6 +70,9 @@ class WallClock:
 
     def wait(self, until: float) -> None:
         time.sleep(max(0.0, min(self.poll_s, until - time.time())))
+
+    def mark(self, event: str, **data: object) -> None:
+        """The gateway's log has the rounds already."""
 
 
 @dataclass
@@ -108,9 +114,14 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
             config = {**job_config(cfg, rnd, partition), "local-epochs": a.epochs, "max-steps": a.steps}
             msg = Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)}), dst_node_id=node,
                           message_type=MessageType.TRAIN, group_id=str(rnd))
-            (msg_id,) = grid.push_messages([msg])
+            pushed = list(grid.push_messages([msg]))
             view = by_device[a.device]
+            msg_id = pushed[0] if pushed else f"refused-{rnd}-{a.device}"
             scheduler.dispatched(msg_id, a, now, view.heartbeat, view.board)
+            if not pushed:  # e.g. the node left between planning and sending
+                scheduler.lost(msg_id, now, "Flower refused the message")
+                intake.lost += 1
+                continue
             hb_session = view.heartbeat.session if view.heartbeat else None
             pending[msg_id] = _Sent(msg_id, a.device, rnd, hb_session)
         round_end = now + scheduler.deadline
@@ -122,6 +133,7 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
         for job_id in scheduler.expire(clock.now()):
             pending.pop(job_id, None)
         current, used = scheduler.close_round(current)
+        clock.mark("round_end", round=rnd, delivered=used)
         for old in [r for r in bases if not any(s.round == r for s in pending.values())]:
             del bases[old]
         loss, accuracy = evaluate(current)

@@ -168,6 +168,9 @@ class VirtualGrid(Grid):
     def now(self) -> float:
         return self.clock.now
 
+    def mark(self, event: str, **data: Any) -> None:
+        self._log(self.clock.now, event, data)
+
     def advance(self, until: float) -> None:
         """Play events up to `until`: heartbeats are sent, everything is logged."""
         while (event := self.clock.pop_next(until)) is not None:

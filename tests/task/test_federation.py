@@ -88,3 +88,24 @@ def test_the_adaptive_scheduler_runs_over_flower_push_and_pull(tmp_path, monkeyp
     # Replies named their devices: the registry now joins each device to its Flower node.
     snapshot = telemetry.registry.snapshot(time.time())
     assert {d: snapshot.devices[d].node_id for d in NODES.values()} == {v: k for k, v in NODES.items()}
+
+
+class RefusingGrid(LocalGrid):
+    """Flower refuses messages for one node (it left between planning and sending)."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        if any(m.metadata.dst_node_id == 303 for m in messages):
+            return []
+        return super().push_messages(messages)
+
+
+def test_a_message_flower_refuses_is_a_lost_job_not_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+    cfg = RunConfig(dataset="digits", clients=3, rounds=2, lr=0.05, strategy="edgesched", min_deadline=0.01).resolved()
+    grid = RefusingGrid({node: {"device-id": device} for node, device in NODES.items()})
+    rounds = []
+    result = run_adaptive(grid, cfg, lambda record, jobs: rounds.append(record))
+    refused = [e for e in result.decisions if e["kind"] == "outcome" and e["outcome"] == "lost"]
+    assert refused and all(e["device"] == "node-303" and "refused" in e["reason"] for e in refused)
+    assert [r.round for r in rounds] == [1, 2] and all(r.replied == 2 and r.failed == 1 for r in rounds)
