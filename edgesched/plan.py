@@ -141,10 +141,13 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
 def _assign(cands: Candidates, i: int, work: float, late: int, bound_cap: int, value: float,
             cfg: PlanConfig) -> Assignment:
     n = int(cands.samples[i])
+    # Work in whole SGD steps, counted per epoch: an epoch ends with a partial batch, so a
+    # 60-sample shard at batch 32 takes 2 steps an epoch, not 60 // 32 = 1.
     steps_per_epoch = max(1, math.ceil(n / cfg.batch_size))
-    steps = max(1, math.floor(work / cfg.batch_size))
+    steps = max(1, round(work / n * steps_per_epoch))
     epochs = math.ceil(steps / steps_per_epoch)
-    samples = min(steps * cfg.batch_size, epochs * n)
+    whole, rest = divmod(steps, steps_per_epoch)
+    samples = whole * n + rest * cfg.batch_size
     predicted = float(cands.transfer_s[i] + samples * cands.seconds_per_sample[i])
     # One round of slack past the expected lateness, so a device that is merely slow still counts.
     bound = min(late + 1, bound_cap)

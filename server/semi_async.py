@@ -166,7 +166,7 @@ def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: R
         if now >= give_up:
             raise EdgeschedError(f"round {rnd}: no device could take work for {cfg.round_timeout:.0f} s "
                                  f"({len(views)} online, {len(scheduler.busy())} busy)")
-        clock.wait(min(give_up, now + max(1.0, cfg.round_timeout / 20)))
+        clock.wait(min(give_up, now + max(1.0, cfg.round_timeout / 100)))
 
 
 def _poll(grid: Grid, scheduler: Scheduler, fleet: FleetView, clock: Clock, pending: dict[str, _Sent],

@@ -80,7 +80,7 @@ def main() -> None:
             fleet = tmp / f"scale-{n}.toml"
             fleet.write_text(FLEET.format(n=n, rounds=args.rounds))
             out = tmp / f"fleet-{n}"
-            peak = run_measured(["simulate", "--fleet", str(fleet), "--out", str(out)])
+            peak = run_measured(["simulate", "--fleet", str(fleet), "--strategy", "fedavg", "--out", str(out)])
             summary = json.loads((out / "summary.json").read_text())
             figures[f"fleet_{n}"] = {"seconds_per_round": round(seconds_per_round(out), 2),
                                      "peak_rss_mb": round(peak), "final_accuracy": summary["final_accuracy"]}

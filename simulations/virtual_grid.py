@@ -94,6 +94,7 @@ class VirtualGrid(Grid):
         if telemetry is not None:  # every agent announces itself at start-up
             for device in fleet.devices:
                 self.clock.schedule(0.0, "heartbeat", device=device.device_id, index=device.index)
+            self.advance(0.0)  # the registry knows the fleet before the first round is planned
 
     # -- Flower's strategies: whole rounds -------------------------------------------------
     def get_node_ids(self) -> Iterable[int]:
