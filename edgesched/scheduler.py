@@ -93,7 +93,7 @@ class Scheduler:
         p = config.plan
         self.monitor = ConvergenceMonitor(Knobs(p.max_epochs, p.max_staleness, config.server_lr), config.feedback)
         self.stretch = 1.0  # deadline factor: grows while jobs miss their deadline, shrinks back to 1
-        self.deadline = p.max_deadline_s
+        self.deadline = p.min_deadline_s  # until the first plan: the shortest wait for candidates
         self.round = 0
         self.log: list[dict[str, Any]] = []
         self._jobs: dict[str, _Job] = {}
@@ -108,6 +108,11 @@ class Scheduler:
     # -- planning ------------------------------------------------------------------------
     def busy(self) -> set[str]:
         return {job.device for job in self._jobs.values()}
+
+    def candidates_wanted(self) -> int:
+        """Free devices a round should start with: enough that, after the fleet's loss rate so
+        far, the updates wanted still come back (over-selection needs someone to select)."""
+        return math.ceil(self.config.plan.target_updates / max(0.2, 1.0 - self.risk.fleet_rate()))
 
     def start_round(self, rnd: int) -> None:
         """A new round: from now on arrivals are measured against it."""

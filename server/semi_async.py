@@ -150,16 +150,21 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
 
 def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: RunConfig,
           poll: Callable[[], None]) -> tuple[list, list]:
-    """Plan the round once `clients_per_round` devices are free (as Flower waits for its minimum
-    of nodes), or with whoever is free after the round timeout; meanwhile late jobs land."""
-    give_up = clock.now() + cfg.round_timeout
+    """Plan the round once enough devices are free to expect `clients_per_round` updates back
+    (as Flower waits for its minimum of nodes, grown by the predicted losses); after a last
+    round's deadline of waiting, once `clients_per_round` are free; after the round timeout,
+    with whoever is free. Meanwhile late jobs land."""
+    start = clock.now()
+    give_up = start + cfg.round_timeout
+    settle = start + min(scheduler.deadline, cfg.round_timeout)
     while True:
         poll()
         now = clock.now()
         views = fleet.views(now)
         busy = scheduler.busy()
         free = sum(1 for v in views if v.device not in busy)
-        if free >= cfg.clients_per_round or (free and now >= give_up):
+        wanted = scheduler.candidates_wanted() if now < settle else cfg.clients_per_round
+        if free >= wanted or (free and now >= give_up):
             assignments = scheduler.plan(rnd, now, views)
             if assignments:
                 return assignments, views
