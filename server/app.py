@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 
 
 def _log_round(record: RoundRecord, jobs: list[JobRecord]) -> None:
-    log.info("round %d: accuracy %.4f, loss %.4f, %d/%d replied", record.round, record.accuracy,
-             record.loss, record.replied, record.selected)
+    log.info("round %d: accuracy %.4f, loss %.4f, %d sent, %d updates in", record.round,
+             record.accuracy, record.loss, record.selected, record.replied)
 
 
 def make_server_app(

@@ -76,6 +76,10 @@ class GatewayFleet:
             return None
         return state.heartbeat.session if state.heartbeat else 0
 
+    def size(self) -> int:
+        """Flower's registered nodes: a dead one counts until Flower drops it (about a minute)."""
+        return len(self.nodes())
+
     def seen(self, node: int, device_id: str) -> None:
         if self._telemetry is not None:
             self._telemetry.link_node(device_id, node)

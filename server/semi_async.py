@@ -56,6 +56,9 @@ class FleetView(Protocol):
     def seen(self, node: int, device_id: str) -> None:
         """A reply from `node` named the device it runs on."""
 
+    def size(self) -> int:
+        """Devices in the fleet, online or not."""
+
 
 class WallClock:
     """Deployment time: Unix seconds (the registry's clock), polling every `poll_s`."""
@@ -153,7 +156,8 @@ def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: R
     """Plan the round once enough devices are free to expect `clients_per_round` updates back
     (as Flower waits for its minimum of nodes, grown by the predicted losses); after a last
     round's deadline of waiting, once `clients_per_round` are free; after the round timeout,
-    with whoever is free. Meanwhile late jobs land."""
+    with whoever is free. A fleet smaller than those counts starts once all of it is free.
+    Meanwhile late jobs land."""
     start = clock.now()
     give_up = start + cfg.round_timeout
     settle = start + min(scheduler.deadline, cfg.round_timeout)
@@ -164,6 +168,7 @@ def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: R
         busy = scheduler.busy()
         free = sum(1 for v in views if v.device not in busy)
         wanted = scheduler.candidates_wanted() if now < settle else cfg.clients_per_round
+        wanted = min(wanted, fleet.size())  # never more than the fleet has: that wait could not end
         if free >= wanted or (free and now >= give_up):
             assignments = scheduler.plan(rnd, now, views)
             if assignments:

@@ -200,6 +200,9 @@ class RegistryFleetView:
     def seen(self, node: int, device_id: str) -> None:
         """Virtual devices are known by id from the start: nothing to join."""
 
+    def size(self) -> int:
+        return len(self._sizes)
+
     def session(self, device: str, now: float) -> int | None:
         self._telemetry.sync()
         state = self._registry.state(device, now)

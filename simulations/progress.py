@@ -46,5 +46,5 @@ class RoundProgress:
             virtual = f"  virtual {record.virtual_seconds:.0f} s" if record.virtual_seconds is not None else ""
             self.console.print(
                 f"round {record.round}/{self.total}  acc {acc}  loss {loss}  "
-                f"{record.replied}/{record.selected} replied{virtual}  {elapsed:.0f} s"
+                f"{record.selected} sent, {record.replied} in{virtual}  {elapsed:.0f} s"
             )
