@@ -35,6 +35,7 @@ def train_job(msg: Message, context: Context) -> Message:
         lr=float(job["lr"]),
         seed=job_seed(int(job["seed"]), int(job["server-round"]), int(job["partition-id"])),
         max_steps=int(job["max-steps"]) if "max-steps" in job else None,
+        proximal_mu=float(job.get("proximal-mu", 0.0)),
     )
     metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), **report.as_metrics()}
     if "device-id" in context.node_config:  # a real board: hand the speed to its agent

@@ -14,7 +14,7 @@ from typing import Annotated
 import click
 import typer
 
-from edgesched.config import RunConfig
+from edgesched.config import GATEWAY_STRATEGIES, STRATEGIES, RunConfig
 from edgesched.errors import ConfigError, EdgeschedError
 
 app = typer.Typer(
@@ -79,7 +79,9 @@ def simulate(
         "edgesched (the adaptive scheduler: per-device work, epochs and staleness bound from predicted speed "
         "and dropout risk; semi-asynchronous aggregation; docs/scheduler.md) or fedavg (Flower's FedAvg, "
         "synchronous rounds). Default: edgesched with --fleet; fedavg for a plain run, whose identical "
-        "clients leave nothing to schedule."
+        "clients leave nothing to schedule. With --fleet also the baselines fedprox, deadline (FedAvg, fixed "
+        "deadline, 130 % over-selection), fedbuff, oracle (knows the future) and the ablations "
+        "edgesched-no-prediction, edgesched-no-staleness, edgesched-no-equal-finish (docs/benchmarks.md)."
     ))] = None,
     broker: Annotated[str | None, Opt(help=(
         "With --fleet: carry the virtual devices' heartbeats over MQTT instead of in-process: 'embedded' "
@@ -104,6 +106,8 @@ def simulate(
         return
     if dropout is not None or broker is not None:
         raise ConfigError("--dropout and --broker need --fleet: they describe a virtual fleet")
+    if strategy is not None and strategy in STRATEGIES and strategy not in GATEWAY_STRATEGIES:
+        raise ConfigError(f"--strategy {strategy} is a baseline for virtual fleets: it needs --fleet")
     optional = {"rounds": rounds, "seed": seed}
     cfg = RunConfig(
         dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, partitioner=partitioner,

@@ -18,7 +18,11 @@ from edgesched.errors import ConfigError
 DATASETS = ("fmnist", "hapt", "digits")
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
-STRATEGIES = ("fedavg", "edgesched")
+# What a gateway runs; the simulator also runs the baselines and ablations the side-by-side
+# benchmark compares (edgesched.simulations.contenders says what each one is).
+GATEWAY_STRATEGIES = ("fedavg", "edgesched")
+STRATEGIES = ("fedavg", "fedprox", "deadline", "fedbuff", "edgesched", "edgesched-no-prediction",
+              "edgesched-no-staleness", "edgesched-no-equal-finish", "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
 # Clients of hapt and digits hold a few hundred samples each: one epoch is a handful of steps,
@@ -64,6 +68,7 @@ class RunConfig:
     fairness_rounds: float = 5.0
     gateway_mbps: float = 0.0
     battery_reserve: float = 20.0
+    proximal_mu: float = 0.01  # strategy "fedprox": weight of the clients' proximal term
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -96,6 +101,7 @@ class RunConfig:
         _require(self.fairness_rounds > 0, "fairness-rounds", "must be > 0", self.fairness_rounds)
         _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)
         _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)
+        _require(self.proximal_mu >= 0, "proximal-mu", "must be >= 0", self.proximal_mu)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:

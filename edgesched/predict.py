@@ -30,6 +30,7 @@ class PredictorConfig:
     quantile_z: float = 1.28  # the planner's quantile: 1.28 = 90 %
     prior_log_sd: float = 0.7  # spread of a device never observed (a factor of ~2)
     min_log_sd: float = 0.05
+    learn: bool = True  # False: class priors only; neither jobs nor reported speeds teach (an ablation)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class Predictor:
         c = self.config
         if learned.log_sps is not None:
             sps = math.exp(learned.log_sps)
-        elif hb is not None and hb.train_samples_per_s:
+        elif c.learn and hb is not None and hb.train_samples_per_s:
             sps = 1.0 / hb.train_samples_per_s  # measured by the device, already under its load
             sps /= self.slowdown(device, hb)
         else:
@@ -115,6 +116,9 @@ class Predictor:
         `factor` is the slowdown the prediction assumed; compute is divided by it so the
         learned speed is the device's own, not its neighbours' load.
         """
+        expected = predicted.job_seconds(samples)
+        if not self.config.learn:
+            return expected / max(total_s, 1e-6) - 1.0
         learned = self._get(device)
         lr = self.config.learning_rate
         self._median_sps = None
@@ -122,7 +126,6 @@ class Predictor:
             learned.log_sps = _blend(learned.log_sps, math.log(compute_s / samples / factor), lr)
         transfer = max(total_s - compute_s, 1e-3)
         learned.log_transfer = _blend(learned.log_transfer, math.log(transfer), lr)
-        expected = predicted.job_seconds(samples)
         err = math.log(max(total_s, 1e-6) / max(expected, 1e-6))
         learned.err_var = _blend(learned.err_var, err * err, lr)
         learned.jobs += 1
@@ -131,7 +134,7 @@ class Predictor:
     def observe_overdue(self, device: str, waited_s: float, samples: int) -> None:
         """A job still running after `waited_s`: it is at least that slow (a censored sample)."""
         learned = self._get(device)
-        if learned.log_sps is None or samples <= 0:
+        if learned.log_sps is None or samples <= 0 or not self.config.learn:
             return
         transfer = math.exp(learned.log_transfer) if learned.log_transfer is not None else 0.0
         floor = math.log(max(waited_s - transfer, 1e-6) / samples)

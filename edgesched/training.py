@@ -34,9 +34,14 @@ def train(
     lr: float,
     seed: int,
     max_steps: int | None = None,
+    proximal_mu: float = 0.0,
 ) -> TrainReport:
-    """SGD with momentum over shuffled mini-batches; `max_steps` caps the work (None: no cap)."""
+    """SGD with momentum over shuffled mini-batches; `max_steps` caps the work (None: no cap).
+
+    `proximal_mu` > 0 adds FedProx's term mu/2 ||w - w_global||^2, which keeps a client's
+    weights near the model it was sent."""
     gen = torch.Generator().manual_seed(int(seed))
+    start_weights = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     inputs, targets = torch.from_numpy(x), torch.from_numpy(y)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -50,7 +55,11 @@ def train(
                 break
             opt.zero_grad()
             loss = loss_fn(model(inputs[batch]), targets[batch])
-            loss.backward()
+            objective = loss
+            if start_weights:
+                drift = sum(((p - p0) ** 2).sum() for p, p0 in zip(model.parameters(), start_weights, strict=True))
+                objective = loss + proximal_mu / 2 * drift
+            objective.backward()
             opt.step()
             steps += 1
             samples += len(batch)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from edgesched.config import RunConfig
+from edgesched.config import GATEWAY_STRATEGIES, RunConfig
+from edgesched.errors import ConfigError
 from edgesched.results import JobRecord, RoundRecord
 from edgesched.server.federation import FederationResult, RoundCallback, run_federation
 from edgesched.server.gateway import run_adaptive
@@ -34,6 +35,9 @@ def make_server_app(
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         cfg = config or RunConfig.from_mapping(context.run_config).resolved()
+        if cfg.strategy not in GATEWAY_STRATEGIES:
+            raise ConfigError(f"strategy {cfg.strategy!r} is a baseline of the fleet simulator (edgesched "
+                              f"simulate --fleet); a gateway runs {' or '.join(GATEWAY_STRATEGIES)}")
         run = run_adaptive if cfg.strategy == "edgesched" else run_federation
         with open_telemetry(cfg) as telemetry:
             result = run(grid, cfg, on_round, telemetry)

@@ -109,15 +109,12 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
         poll = partial(_poll, grid, scheduler, fleet, clock, pending, bases, rnd, intake)
         assignments, views = _plan(scheduler, fleet, clock, rnd, cfg, poll)
         bases[rnd] = current
-        arrays = ArrayRecord({k: Array(w) for k, w in zip(keys, current, strict=True)})
+        arrays = model_record(keys, current)
         now = clock.now()
         by_device = {v.device: v for v in views}
         for a in assignments:
             node, partition = fleet.target(a.device)
-            config = {**job_config(cfg, rnd, partition), "local-epochs": a.epochs, "max-steps": a.steps}
-            msg = Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)}), dst_node_id=node,
-                          message_type=MessageType.TRAIN, group_id=str(rnd))
-            pushed = list(grid.push_messages([msg]))
+            pushed = push_job(grid, arrays, cfg, rnd, node, partition, epochs=a.epochs, steps=a.steps)
             view = by_device[a.device]
             msg_id = pushed[0] if pushed else f"refused-{rnd}-{a.device}"
             scheduler.dispatched(msg_id, a, now, view.heartbeat, view.board)
@@ -149,6 +146,30 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
         history.append(record)
         on_round(record, intake.jobs)
     return FederationResult(dict(zip(keys, current, strict=True)), history)
+
+
+def model_record(keys: list[str], weights: list[np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(w) for k, w in zip(keys, weights, strict=True)})
+
+
+def push_job(grid: Grid, arrays: ArrayRecord, cfg: RunConfig, rnd: int, node: int, partition: int,
+             epochs: int | None = None, steps: int | None = None) -> list[str]:
+    """Send one training job; [] if Flower refused it (e.g. the node has just left)."""
+    config = job_config(cfg, rnd, partition)
+    if epochs is not None:
+        config["local-epochs"] = epochs
+    if steps is not None:
+        config["max-steps"] = steps
+    msg = Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)}), dst_node_id=node,
+                  message_type=MessageType.TRAIN, group_id=str(rnd))
+    return list(grid.push_messages([msg]))
+
+
+def trained_delta(reply: Message, base: list[np.ndarray]) -> list[np.ndarray] | None:
+    """base - trained weights of a reply; None for an error or a reply without weights."""
+    if reply.has_error() or ARRAYS not in reply.content:
+        return None
+    return [b - t for b, t in zip(base, reply.content[ARRAYS].to_numpy_ndarrays(), strict=True)]
 
 
 def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: RunConfig,
@@ -196,15 +217,14 @@ def _collect(grid: Grid, scheduler: Scheduler, fleet: FleetView, pending: dict[s
         sent = pending.pop(reply.metadata.reply_to_message_id, None)
         if sent is None:
             continue
-        if reply.has_error() or ARRAYS not in reply.content:
+        delta = trained_delta(reply, bases[sent.round])
+        if delta is None:
             reason = reply.error.reason if reply.has_error() else "no weights in the reply"
             scheduler.lost(sent.job_id, now, f"error: {reason}")
             continue
         if DEVICE in reply.content:
             fleet.seen(reply.metadata.src_node_id, str(reply.content[DEVICE]["device-id"]))
         m = reply.content[METRICS]
-        trained = reply.content[ARRAYS].to_numpy_ndarrays()
-        delta = [b - t for b, t in zip(bases[sent.round], trained, strict=True)]
         if scheduler.arrived(sent.job_id, now, delta, steps=int(m["steps"]), samples=int(m["samples"]),
                              data_size=int(m["num-examples"]), compute_s=float(m["seconds"]), loss=float(m["loss"])):
             counted.append(job_record(rnd, reply))

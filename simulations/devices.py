@@ -278,8 +278,17 @@ class VirtualFleet:
         elif job.compute_s > 0:
             device.last_job = (samples / job.compute_s, job.compute_s)
 
+    def nominal_job_s(self, index: int, samples: int) -> float:
+        """A job's time at the board's catalog speed over its links' mean bandwidth: no load, heat or noise."""
+        device = self.devices[index]
+        return (device.board.train_seconds(self.model_macs, samples)
+                + self._link_s(device, device.down[0]) + self._link_s(device, device.up[0]))
+
     def _transfer(self, device: VirtualDevice, link: tuple[float, float]) -> float:
         mean, sd = link
         kbps = mean if not self.dyn.bandwidth_noise else max(device.streams[JOBS].normal(mean, sd),
                                                                 BANDWIDTH_FLOOR * mean)
+        return self._link_s(device, kbps)
+
+    def _link_s(self, device: VirtualDevice, kbps: float) -> float:
         return device.network.latency_s + self.model_bytes / (kbps * 1000.0)

@@ -91,6 +91,7 @@ class VirtualGrid(Grid):
         self.last: RoundOutcome | None = None
         self.last_replies: list[Message] = []
         self.device_seconds = 0.0
+        self.bytes_down = self.bytes_up = 0  # model transfers completed, as the devices' links carried them
         if telemetry is not None:  # every agent announces itself at start-up
             for device in fleet.devices:
                 self.clock.schedule(0.0, "heartbeat", device=device.device_id, index=device.index)
@@ -197,6 +198,8 @@ class VirtualGrid(Grid):
             job = self._fleet.job(index, now, self._work(index, cfg))
             self._schedule(job, int(cfg["server-round"]), deadline)
             self.device_seconds += job.compute_spent_s
+            self.bytes_down += self._fleet.model_bytes if job.ends_at >= job.compute_start else 0
+            self.bytes_up += self._fleet.model_bytes if job.delivers else 0
             flight = _Flight(job, msg, None)
             if job.delivers and (deadline is None or job.end <= deadline):  # a reply nobody reads is not trained
                 real.append((vid, index))

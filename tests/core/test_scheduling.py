@@ -10,7 +10,7 @@ import pytest
 from edgesched.aggregate import Update, fednova, momentum_steps
 from edgesched.feedback import ConvergenceMonitor, Knobs
 from edgesched.plan import Candidates, PlanConfig, plan_round
-from edgesched.predict import Predictor
+from edgesched.predict import Predictor, PredictorConfig
 from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig
 from edgesched.telemetry import Heartbeat
 
@@ -202,3 +202,18 @@ def test_an_epoch_of_a_small_shard_is_all_of_its_steps():
     cands = candidates(sps=[0.001], transfer=[0.1], samples=60)
     (a,) = plan_round(cands, 0.1 + 60 * 0.001, PlanConfig(target_updates=1, max_epochs=1)).assignments
     assert (a.steps, a.epochs, a.samples) == (2, 1, 60)
+
+
+def test_a_job_certain_to_be_lost_is_not_sent():
+    cands = candidates(sps=[0.001] * 4, transfer=[0.1] * 4, risk=np.array([1.0, 0.0, 1.0, 0.0]))
+    plan = plan_round(cands, 5.0, PlanConfig(target_updates=4, max_overselect=2.0))
+    assert sorted(a.device for a in plan.assignments) == ["d1", "d3"]
+    assert plan.skipped == {"d0": "will_drop", "d2": "will_drop"}
+
+
+def test_a_predictor_that_does_not_learn_keeps_its_prior():
+    p = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.001}, config=PredictorConfig(learn=False))
+    errors = [p.observe("d", p.predict("d", None, "pi"), 1000, 4.0, 4.5, factor=1.0) for _ in range(5)]
+    assert errors[-1] == errors[0] < -0.3  # as surprised as at first: the device is 4x slower than its class
+    fast = hb("d", 0.0, train_samples_per_s=10_000.0)  # a reported speed is ignored too
+    assert p.predict("d", fast, "pi").seconds_per_sample == pytest.approx(0.001)

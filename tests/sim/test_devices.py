@@ -64,3 +64,27 @@ def test_mobile_links_use_the_measured_flash_distributions():
     fleet = _fleet()
     phones = [d for d in fleet.devices if d.network.flash]
     assert phones and all(d.down in flash for d in phones)
+
+
+def test_the_oracle_foresees_the_very_job_a_device_will_run_and_disturbs_nothing():
+    from edgesched.simulations.oracle import Foresight
+
+    fleet, twin = _fleet(dropout=0.3), _fleet(dropout=0.3)
+    sizes = [600] * len(fleet.devices)
+    foresight = Foresight(fleet, sizes, lambda: 1000.0)
+    ids = [d.device_id for d in fleet.devices]
+    seen = [foresight.job(i) for i in ids]
+    assert [fleet.job(i, 1000.0, 600) for i in range(len(ids))] == seen  # the real draws are the foreseen ones
+    assert [twin.job(i, 1000.0, 600) for i in range(len(ids))] == seen  # as if nobody had looked
+    assert any(not j.delivers for j in seen) and any(j.delivers for j in seen)
+
+
+def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
+    from edgesched.simulations.contenders import nominal_deadline
+
+    fleet = _fleet("lab-20")
+    sizes = [3000] * len(fleet.devices)
+    times = sorted(fleet.nominal_job_s(i, 3000) for i in range(len(sizes)))
+    deadline = nominal_deadline(fleet, sizes, fleet.spec.run)
+    assert times[0] < deadline <= times[-1]
+    assert sum(t <= deadline for t in times) >= 0.9 * len(times)

@@ -32,3 +32,14 @@ def test_same_seed_same_weights():
         train(model, ds.x_train, ds.y_train, epochs=1, batch_size=16, lr=0.05, seed=9)
         states.append(model.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(states[0].values(), states[1].values(), strict=True))
+
+
+def test_a_proximal_term_keeps_the_weights_near_where_they_started():
+    ds = data.load("digits")
+    drift = {}
+    for mu in (0.0, 1.0):
+        model = build_model("digits", seed=1)
+        start = [p.detach().clone() for p in model.parameters()]
+        train(model, ds.x_train, ds.y_train, epochs=2, batch_size=32, lr=0.05, seed=3, proximal_mu=mu)
+        drift[mu] = sum(float(((p - p0) ** 2).sum()) for p, p0 in zip(model.parameters(), start, strict=True))
+    assert drift[1.0] < 0.7 * drift[0.0]

@@ -1,0 +1,187 @@
+"""Benchmark: every strategy on the same virtual fleets, data, seeds and dropout levels.
+
+Each run is a separate `edgesched simulate --fleet ...` process (Ray starts clean each time)
+writing its own run directory; a run whose summary.json exists is not repeated, so an
+interrupted benchmark picks up where it stopped. The table gives, per fleet and dropout
+level, each contender's virtual time to the fleet's target accuracy (mean ± standard
+deviation over the seeds that reached it), its speed-up over `fedavg` and its time relative
+to `oracle`, final accuracy, compute (device-seconds, the energy proxy), traffic and rounds.
+
+    python -m edgesched.simulations.bench_contenders --quick          # CI: the harness end to end
+    python -m edgesched.simulations.bench_contenders --docs           # the full table into docs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean, pstdev
+from typing import Any
+
+from edgesched.config import STRATEGIES
+
+CONTENDERS = STRATEGIES
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+START, END = "<!-- contenders:start -->", "<!-- contenders:end -->"
+
+
+def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path) -> dict[str, Any]:
+    summary = out / "summary.json"
+    if not summary.exists():
+        cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
+               "--seed", str(seed), "--dropout", str(dropout), "--out", str(out)]
+        if rounds is not None:
+            cmd += ["--rounds", str(rounds)]
+        env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"bench_contenders: {' '.join(cmd[2:])} failed: {tail}")
+    return json.loads(summary.read_text())
+
+
+def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any]) -> dict[str, Any]:
+    keys = ("time_to_target_s", "final_accuracy", "best_accuracy", "virtual_seconds", "device_seconds", "bytes_up",
+            "bytes_down", "rounds", "seconds", "target_accuracy")
+    return {"fleet": fleet, "dropout": dropout, "strategy": strategy, "seed": seed, **{k: s.get(k) for k in keys}}
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{mean(values):{fmt}} ± {pstdev(values):{fmt}}" if len(values) > 1 else f"{values[0]:{fmt}}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one table per (fleet, dropout), one line per contender."""
+    out = []
+    for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
+        group = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
+        seeds = sorted({r["seed"] for r in group})
+        target = group[0]["target_accuracy"]
+        out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seeds: {', '.join(map(str, seeds))}; "
+                f"target {target:.0%})", "",
+                "| contender | virtual s to target | reached | speed-up over fedavg | time vs oracle "
+                "| final accuracy | device-s | GB moved | rounds | real s |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        ttt = {s: _mean_ttt(group, s) for s in CONTENDERS}
+        for strategy in CONTENDERS:
+            runs = [r for r in group if r["strategy"] == strategy]
+            if not runs:
+                continue
+            reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+            time_s = _spread(reached, ".0f") if reached else "not reached"
+            mine, base, oracle = ttt[strategy], ttt["fedavg"], ttt["oracle"]
+            faster = _ratio(base, mine, group, "fedavg")
+            vs_oracle = f"{mine / oracle:.2f}" if mine and oracle else "—"
+            acc = _spread([100 * r["final_accuracy"] for r in runs], ".2f")
+            gb = mean((r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in runs) / 1e9
+            out.append(f"| {strategy} | {time_s} | {len(reached)}/{len(runs)} | {faster} | {vs_oracle} | {acc} % "
+                       f"| {mean(r['device_seconds'] for r in runs):,.0f} | {gb:.2f} "
+                       f"| {mean(r['rounds'] for r in runs):.0f} | {mean(r['seconds'] for r in runs):.0f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _mean_ttt(group: list[dict[str, Any]], strategy: str) -> float | None:
+    """Mean time to target, only if every seed reached it."""
+    runs = [r for r in group if r["strategy"] == strategy]
+    times = [r["time_to_target_s"] for r in runs]
+    return mean(times) if runs and None not in times else None
+
+
+def _ratio(base: float | None, mine: float | None, group: list[dict[str, Any]], base_name: str) -> str:
+    if mine is None:
+        return "—"
+    if base is not None:
+        return f"{base / mine:.2f}"
+    # The baseline never got there: its whole run is a lower bound on its time to target.
+    floor = min((r["virtual_seconds"] for r in group if r["strategy"] == base_name), default=None)
+    return f"> {floor / mine:.1f}" if floor else "—"
+
+
+def plot(rows: list[dict[str, Any]], runs_dir: Path, docs: Path) -> list[Path]:
+    """Accuracy against virtual time per contender, first seed, one figure per (fleet, dropout)."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
+        seed = min(r["seed"] for r in rows if r["fleet"] == fleet)
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for strategy in CONTENDERS:
+            path = _run_dir(runs_dir, fleet, dropout, strategy, seed) / "rounds.csv"
+            if not path.exists():
+                continue
+            with path.open() as f:
+                rounds = list(csv.DictReader(f))
+            ax.plot([float(r["virtual_seconds"]) for r in rounds], [100 * float(r["accuracy"]) for r in rounds],
+                    marker=".", label=strategy, linestyle="--" if "-no-" in strategy else "-")
+        target = next(r["target_accuracy"] for r in rows if r["fleet"] == fleet)
+        ax.axhline(100 * target, color="grey", linewidth=0.8)
+        ax.set(xscale="log", xlabel="virtual seconds (log)", ylabel="test accuracy (%)",
+               title=f"{fleet}, {dropout:.0%} dropout, seed {seed}")
+        ax.legend(fontsize=7, ncol=2)
+        out = docs / f"contenders-{fleet}-dropout{round(100 * dropout)}.png"
+        fig.tight_layout()
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        paths.append(out)
+    return paths
+
+
+def _run_dir(runs_dir: Path, fleet: str, dropout: float, strategy: str, seed: int) -> Path:
+    return runs_dir / fleet / f"dropout{round(100 * dropout)}" / strategy / f"seed{seed}"
+
+
+def write_docs(text: str, doc: Path) -> None:
+    """Replace the generated section of docs/benchmarks.md (between its markers)."""
+    body = doc.read_text()
+    if START not in body:
+        raise SystemExit(f"bench_contenders: {doc} has no {START} marker to write between")
+    head, rest = body.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    doc.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="lab-20, 30 %% dropout, seed 0, 1 round: the harness")
+    parser.add_argument("--fleets", nargs="+", default=["campus-100"])
+    parser.add_argument("--dropouts", nargs="+", type=float, default=[0.0, 0.1, 0.3])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS, metavar="NAME")
+    parser.add_argument("--rounds", type=int, help="override the fleet files' rounds")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-contenders"), help="run directories")
+    parser.add_argument("--docs", action="store_true", help="write the table and plots into docs/")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.fleets, args.dropouts, args.seeds, args.rounds = ["lab-20"], [0.3], [0], 1
+    rows = []
+    plan = [(f, d, s, seed) for f in args.fleets for d in args.dropouts for seed in args.seeds for s in args.contenders]
+    for i, (fleet, dropout, strategy, seed) in enumerate(plan, 1):
+        started = time.monotonic()
+        summary = run_one(fleet, dropout, strategy, seed, args.rounds,
+                          _run_dir(args.out, fleet, dropout, strategy, seed))
+        rows.append(row(fleet, dropout, strategy, seed, summary))
+        ttt = summary["time_to_target_s"]
+        print(f"[{i}/{len(plan)}] {fleet} dropout {dropout:.0%} {strategy} seed {seed}: "
+              f"final {summary['final_accuracy']:.2%}, target at "
+              f"{'never' if ttt is None else f'{ttt:.0f} virtual s'} ({time.monotonic() - started:.0f} s)", flush=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+    text = table(rows)
+    print(text)
+    if args.docs:
+        plots = plot(rows, args.out, DOCS)
+        write_docs(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n", DOCS / "benchmarks.md")
+
+
+if __name__ == "__main__":
+    main()

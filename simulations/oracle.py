@@ -1,0 +1,76 @@
+"""The oracle: edgesched's planner fed the virtual fleet's true future instead of predictions.
+
+The benchmark's bound. For each candidate it draws the job the device would really run if sent
+its whole partition now, on a copy of the device (its random streams included), so the real
+run is untouched and then draws the very same numbers: the oracle knows the job's true compute
+and transfer times (no uncertainty) and whether it will deliver (risk 0 or 1). What it cannot
+know exactly is a job of a different size: an availability change may fall inside a longer
+job and not a shorter one.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+from edgesched.predict import Prediction, Predictor
+from edgesched.risk import DropoutModel, RiskConfig
+from edgesched.simulations.devices import Job, VirtualFleet
+from edgesched.telemetry import Heartbeat
+
+
+class Foresight:
+    """The true next job of any device at the current virtual time (cached until time moves)."""
+
+    def __init__(self, fleet: VirtualFleet, partition_sizes: list[int], now: Callable[[], float]) -> None:
+        self._fleet = fleet
+        self._sizes = partition_sizes
+        self._now = now
+        self._seen: dict[str, Job] = {}
+        self._at = -1.0
+
+    def samples(self, device: str) -> int:
+        return self._sizes[self._fleet.index[device]]
+
+    def job(self, device: str) -> Job:
+        now = self._now()
+        if now != self._at:
+            self._seen, self._at = {}, now
+        if device not in self._seen:
+            index = self._fleet.index[device]
+            real = self._fleet.devices[index]
+            self._fleet.devices[index] = copy.deepcopy(real)
+            try:
+                self._seen[device] = self._fleet.job(index, now, self._sizes[index])
+            finally:
+                self._fleet.devices[index] = real
+        return self._seen[device]
+
+
+class OraclePredictor(Predictor):
+    """Job times as they will be: per-sample compute and transfers of the device's true next job."""
+
+    def __init__(self, foresight: Foresight, model_bytes: int) -> None:
+        super().__init__(model_bytes)
+        self._foresight = foresight
+
+    def predict(self, device: str, hb: Heartbeat | None = None, board: str | None = None) -> Prediction:
+        job = self._foresight.job(device)
+        return Prediction(job.compute_s / max(self._foresight.samples(device), 1), job.download_s + job.upload_s, 0.0)
+
+    def slowdown(self, device: str, hb: Heartbeat | None) -> float:
+        return 1.0  # the true times already include the device's load and heat
+
+    def observe_overdue(self, device: str, waited_s: float, samples: int) -> None:
+        """Nothing to learn: the oracle is never surprised by speed."""
+
+
+class OracleRisk(DropoutModel):
+    """Risk 1 for a device whose next job will not deliver, 0 otherwise."""
+
+    def __init__(self, foresight: Foresight, battery_reserve: float) -> None:
+        super().__init__(RiskConfig(battery_reserve=battery_reserve))
+        self._foresight = foresight
+
+    def risk(self, device: str, job_seconds: float, hb: Heartbeat | None, fleet_rate: float | None = None) -> float:
+        return 0.0 if self._foresight.job(device).delivers else 1.0
