@@ -71,8 +71,10 @@ def test_agent_bad_input_is_one_clear_line(args, says):
         (["--fleet", "garage-3"], "fleet file garage-3 not found; shipped fleets:"),
         (["--dropout", "0.2"], "--dropout and --broker need --fleet"),
         (["--broker", "embedded"], "--dropout and --broker need --fleet"),
-        (["--fleet", "lab-20", "--strategy", "oort"], "strategy: choose one of fedavg, edgesched, got 'oort'"),
-        (["--strategy", "oort"], "strategy: choose one of fedavg, edgesched, got 'oort'"),
+        (["--fleet", "lab-20", "--strategy", "oort"], "strategy: choose one of fedavg, fedprox, deadline, fedbuff, "
+                                                      "edgesched, edgesched-no-prediction"),
+        (["--strategy", "oort"], "strategy: choose one of fedavg, fedprox,"),
+        (["--strategy", "fedbuff"], "--strategy fedbuff is a baseline for virtual fleets: it needs --fleet"),
         (["--fleet", "lab-20", "--broker", "mqtt://127.0.0.1:1"], "cannot reach the MQTT broker at mqtt://127.0.0.1:1"),
         (["--fleet", "lab-20", "--broker", "http://x"], "broker URL 'http://x': expected mqtt://"),
         (["--fleet", "lab-20", "--dropout", "2"], "--dropout must be in [0, 1]"),
