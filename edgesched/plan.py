@@ -111,7 +111,6 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     reason[late > bound_cap] = "too_slow"
     reason[work < least] = "battery"  # only the energy cap can push work below the least
     reason[~cands.fits_memory] = "memory"
-    reason[cands.risk >= 1.0] = "will_drop"  # certain to be lost: not worth sending (only an oracle is sure)
     eligible = reason == ""
 
     value = n * np.maximum(cands.loss, 1e-3) * (1 - cands.risk) * (1 + late) ** -cfg.staleness_exponent
