@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -87,3 +88,14 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1
         loss += loss_fn(logits, yb).item()
         correct += (logits.argmax(1) == yb).sum().item()
     return loss / len(y), correct / len(y)
+
+
+def scorer(model: nn.Module, x: np.ndarray, y: np.ndarray) -> Callable[[Sequence[np.ndarray]], tuple[float, float]]:
+    """weights -> (loss, accuracy) of `model` carrying them on (x, y): how a server scores a global model."""
+    keys = list(model.state_dict())
+
+    def score(weights: Sequence[np.ndarray]) -> tuple[float, float]:
+        model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(keys, weights, strict=True)})
+        return evaluate(model, x, y)
+
+    return score

@@ -88,25 +88,17 @@ class GatewayFleet:
 def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
                  telemetry: RegistryListener | None = None) -> FederationResult:
     """The adaptive scheduler's run on a gateway (or over the plain simulation's nodes)."""
-    import torch
-
     from edgesched.models import build_model
-    from edgesched.training import evaluate
+    from edgesched.training import scorer
 
     ds = data.load(cfg.dataset, cfg.data_dir)
     sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.partitioner or "iid", cfg.clients or 1,
                                                  cfg.alpha, cfg.seed)]
     model = build_model(cfg.dataset, cfg.seed)
-    keys = list(model.state_dict())
-
-    def evaluate_weights(weights: list[np.ndarray]) -> tuple[float, float]:
-        model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(keys, weights, strict=True)})
-        return evaluate(model, ds.x_test, ds.y_test)
-
     wait_for_nodes(grid, cfg.clients or 1)
     size = model_size(cfg.dataset)
     scheduler = Scheduler(SchedulerConfig.from_run(cfg), Predictor(4 * size["model_parameters"]))
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     result = run_semi_async(grid, WallClock(), GatewayFleet(grid, telemetry, sizes), scheduler, cfg, weights,
-                            evaluate_weights, on_round)
+                            scorer(model, ds.x_test, ds.y_test), on_round)
     return FederationResult(result.weights, result.rounds, scheduler.log)

@@ -231,13 +231,15 @@ def _collect(grid: Grid, scheduler: Scheduler, fleet: FleetView, pending: dict[s
     return counted
 
 
+def vanished(fleet: FleetView, device: str, session: int | None, now: float) -> bool:
+    """The device a job was sent to is offline, or its agent restarted since (`session` then)."""
+    current = fleet.session(device, now)
+    return current is None or (session is not None and current != session)
+
+
 def _drop_gone(scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent], now: float) -> int:
     """Jobs whose device went offline, or restarted its agent, will never reply."""
-    gone = []
-    for sent in pending.values():
-        session = fleet.session(sent.device, now)
-        if session is None or (sent.session is not None and session != sent.session):
-            gone.append(sent)
+    gone = [sent for sent in pending.values() if vanished(fleet, sent.device, sent.session, now)]
     for sent in gone:
         scheduler.lost(sent.job_id, now, "device offline")
         del pending[sent.job_id]

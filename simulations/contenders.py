@@ -66,20 +66,12 @@ def run_contender(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: V
 
 def _evaluator(cfg: RunConfig) -> tuple[Any, Callable[[list[np.ndarray]], tuple[float, float]]]:
     """(model, evaluate(weights) -> (loss, accuracy)) on the held-out test set."""
-    import torch
-
     from edgesched.models import build_model
-    from edgesched.training import evaluate
+    from edgesched.training import scorer
 
     test = data.load(cfg.dataset, cfg.data_dir)
     model = build_model(cfg.dataset, cfg.seed)
-    keys = list(model.state_dict())
-
-    def run(weights: list[np.ndarray]) -> tuple[float, float]:
-        model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(keys, weights, strict=True)})
-        return evaluate(model, test.x_test, test.y_test)
-
-    return model, run
+    return model, scorer(model, test.x_test, test.y_test)
 
 
 def _weights(model: Any) -> Weights:

@@ -23,7 +23,15 @@ from edgesched.aggregate import staleness_weight
 from edgesched.config import RunConfig
 from edgesched.results import JobRecord, RoundRecord
 from edgesched.server.federation import FederationResult, job_record, mean_train_loss
-from edgesched.server.semi_async import Clock, Evaluate, FleetView, model_record, push_job, trained_delta
+from edgesched.server.semi_async import (
+    Clock,
+    Evaluate,
+    FleetView,
+    model_record,
+    push_job,
+    trained_delta,
+    vanished,
+)
 
 
 def run_fedbuff(grid: Grid, clock: Clock, fleet: FleetView, cfg: RunConfig, weights: dict[str, np.ndarray],
@@ -63,8 +71,7 @@ def run_fedbuff(grid: Grid, clock: Clock, fleet: FleetView, cfg: RunConfig, weig
                 buffer.append((delta, rnd - 1 - step))
                 jobs.append(job_record(rnd, reply))
             for job_id, (device, _, session) in list(flights.items()):
-                now_session = fleet.session(device, clock.now())
-                if now_session is None or (session is not None and now_session != session):
+                if vanished(fleet, device, session, clock.now()):
                     del flights[job_id]
                     lost += 1
             if len(buffer) >= k or clock.now() >= give_up:
