@@ -59,12 +59,16 @@ def staleness_weight(staleness: int, exponent: float) -> float:
     return float((1 + staleness) ** -exponent)
 
 
-def fednova(updates: Sequence[Update], momentum: float, exponent: float) -> tuple[list[np.ndarray], float]:
+def fednova(updates: Sequence[Update], momentum: float, exponent: float,
+            robust: str = "none", trim: float = 0.2) -> tuple[list[np.ndarray], float]:
     """The server's step from buffered updates, normalised for unequal local work (FedNova).
 
     Each delta is divided by its local work a_i, so a device that ran three epochs does not
     pull the model three times as hard toward its own data; the average direction, weighted
     by data size and staleness, is then scaled back by the weighted mean work tau_eff.
+    `robust` replaces the weighted average of directions by a coordinate-wise "median" or
+    "trimmed-mean" (dropping the `trim` share at each end), so a few wrong updates that pass
+    validation cannot drag the model (Yin et al., 2018); it ignores the data-size weights.
     Returns (step, tau_eff); the new global model is `weights - server_lr * step`.
     """
     if not updates:
@@ -77,8 +81,23 @@ def fednova(updates: Sequence[Update], momentum: float, exponent: float) -> tupl
     tau_eff = float(shares @ work)
     step = []
     for tensors in zip(*(u.delta for u in updates), strict=True):
-        acc = np.zeros(tensors[0].shape, dtype=np.float64)
-        for share, a, tensor in zip(shares, work, tensors, strict=True):
-            acc += (share / a) * tensor
+        if robust == "none":
+            acc = np.zeros(tensors[0].shape, dtype=np.float64)
+            for share, a, tensor in zip(shares, work, tensors, strict=True):
+                acc += (share / a) * tensor
+        else:
+            acc = _robust_mean(np.stack([t.astype(np.float64) / a for a, t in zip(work, tensors, strict=True)]),
+                               robust, trim)
         step.append(tau_eff * acc)
     return step, tau_eff
+
+
+def _robust_mean(stacked: np.ndarray, method: str, trim: float) -> np.ndarray:
+    """Coordinate-wise median, or mean after dropping the `trim` share of values at each end."""
+    if method == "median":
+        return np.median(stacked, axis=0)
+    if method != "trimmed-mean":
+        raise ValueError(f"unknown robust aggregation {method!r}")
+    cut = int(trim * len(stacked))
+    ordered = np.sort(stacked, axis=0)
+    return ordered[cut:len(stacked) - cut].mean(axis=0)

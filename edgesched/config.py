@@ -17,6 +17,7 @@ from edgesched.errors import ConfigError
 # device agent do) costs no numpy: a small board keeps those megabytes for training.
 DATASETS = ("fmnist", "hapt", "digits")
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
+ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines updates
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # What a gateway runs; the simulator also runs the baselines and ablations the side-by-side
 # benchmark compares (edgesched.simulations.contenders says what each one is).
@@ -69,6 +70,10 @@ class RunConfig:
     gateway_mbps: float = 0.0
     battery_reserve: float = 20.0
     proximal_mu: float = 0.01  # strategy "fedprox": weight of the clients' proximal term
+    # Update validation (edgesched/validate.py) and the server step's combination of updates.
+    update_norm_limit: float = 10.0  # x the recent median size per local step
+    large_update: str = "clip"  # or "refuse"
+    robust_aggregation: str = "none"  # or "trimmed-mean", "median"
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -102,6 +107,11 @@ class RunConfig:
         _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)
         _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)
         _require(self.proximal_mu >= 0, "proximal-mu", "must be >= 0", self.proximal_mu)
+        _require(self.update_norm_limit > 1, "update-norm-limit", "must be > 1", self.update_norm_limit)
+        _require(self.large_update in ("clip", "refuse"), "large-update", "must be 'clip' or 'refuse'",
+                 self.large_update)
+        _require(self.robust_aggregation in ROBUST, "robust-aggregation", f"must be one of {', '.join(ROBUST)}",
+                 self.robust_aggregation)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:

@@ -17,6 +17,7 @@ Every decision is appended to `self.log` as a plain dict (decisions.jsonl).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,9 @@ from edgesched.predict import Prediction, Predictor
 from edgesched.registry import DeviceState
 from edgesched.risk import DropoutModel, RiskConfig
 from edgesched.telemetry import Heartbeat
+from edgesched.validate import GuardConfig, UpdateGuard, Verdict
 
+log = logging.getLogger(__name__)
 DEFAULT_DRAIN_PCT_PER_S = 0.01  # battery use under load before a device's own slope is known
 
 
@@ -48,7 +51,8 @@ class SchedulerConfig:
     job_memory_mb: float = 256.0
     on_time_goal: float = 0.8  # share of jobs that should make their deadline
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
-
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    robust: str = "none"  # how the server step combines updates (edgesched.aggregate.fednova)
 
     @classmethod
     def from_run(cls, cfg: RunConfig) -> SchedulerConfig:
@@ -60,7 +64,9 @@ class SchedulerConfig:
             staleness_exponent=cfg.staleness_exponent, fairness_rounds=cfg.fairness_rounds,
             gateway_bytes_per_s=cfg.gateway_mbps * 1e6 / 8 if cfg.gateway_mbps > 0 else math.inf,
         )
-        return cls(plan=plan, server_lr=cfg.server_lr, battery_reserve=cfg.battery_reserve)
+        guard = GuardConfig(norm_limit=cfg.update_norm_limit, on_large_norm=cfg.large_update)
+        return cls(plan=plan, server_lr=cfg.server_lr, battery_reserve=cfg.battery_reserve, guard=guard,
+                   robust=cfg.robust_aggregation)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class Scheduler:
         self.config = config
         self.predictor = predictor
         self.risk = risk or DropoutModel(RiskConfig(battery_reserve=config.battery_reserve))
+        self.guard = UpdateGuard(config.guard)
         p = config.plan
         self.monitor = ConvergenceMonitor(Knobs(p.max_epochs, p.max_staleness, config.server_lr), config.feedback)
         self.stretch = 1.0  # deadline factor: grows while jobs miss their deadline, shrinks back to 1
@@ -123,7 +130,8 @@ class Scheduler:
     def plan(self, rnd: int, now: float, views: Sequence[DeviceView]) -> list[Assignment]:
         self.round = rnd
         busy = self.busy()
-        views = [v for v in views if v.device not in busy]
+        held = [v.device for v in views if self.guard.quarantined(v.device, now)]
+        views = [v for v in views if v.device not in busy and v.device not in held]
         cands, predictions = self._candidates(views)
         knobs = self.monitor.knobs
         cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": knobs.max_epochs,
@@ -144,7 +152,8 @@ class Scheduler:
                              "predicted_s": a.predicted_s, "predicted_mean_s": pred.job_seconds(a.samples),
                              "staleness": a.staleness, "staleness_bound": a.staleness_bound,
                              "risk": a.risk, "utility": a.utility})
-        for device, why in plan.skipped.items():
+        skipped = {**plan.skipped, **dict.fromkeys(held, "quarantined")}
+        for device, why in skipped.items():
             if why != "enough":  # the long tail of capable devices not needed is not news
                 self.log.append({"t": now, "round": rnd, "kind": "plan", "device": device, "selected": False,
                                  "reason": why})
@@ -192,27 +201,52 @@ class Scheduler:
         """Job id -> device of every job not yet ended."""
         return {job_id: job.device for job_id, job in self._jobs.items()}
 
-    def arrived(self, job_id: str, now: float, delta: Sequence[np.ndarray], steps: int, samples: int,
-                data_size: int, compute_s: float, loss: float) -> bool:
-        """A job's update came back; buffer it if within its staleness bound. True if it counts."""
-        job = self._jobs.pop(job_id)
+    def arrived(self, job_id: str, now: float, trained: Sequence[np.ndarray], base: Sequence[np.ndarray],
+                steps: int, samples: int, data_size: int, compute_s: float, loss: float) -> bool:
+        """A job's trained weights came back (`base`: the global model it started from).
+
+        The update is validated (edgesched.validate); a valid one is buffered if within its
+        staleness bound. True if it counts.
+        """
+        job = self._jobs[job_id]
+        verdict = self.guard.check(job.device, trained, base, steps if data_size >= 1 else 0, now)
+        if verdict.delta is None:
+            self._refused(job_id, now, verdict)
+            return False
+        del self._jobs[job_id]
         staleness = self.round - job.round
         err = self.predictor.observe(job.device, job.prediction, samples, compute_s, now - job.dispatched_at,
                                      job.factor)
         self.risk.note_job(job.device, lost=False)
-        self._loss[job.device] = loss
-        ok = staleness <= job.assignment.staleness_bound and all(np.all(np.isfinite(d)) for d in delta)
+        if math.isfinite(loss):
+            self._loss[job.device] = loss
+        ok = staleness <= job.assignment.staleness_bound
         if ok:
-            self._buffer.append((job_id, Update(delta, data_size, steps, staleness)))
+            self._buffer.append((job_id, Update(verdict.delta, data_size, steps, staleness)))
         if staleness == 0 and job.assignment.staleness == 0:
             self._on_time += 1
             self.errors.append(abs(err))
-        reason = "counted" if ok else ("too_stale" if staleness > job.assignment.staleness_bound else "not_finite")
-        self.log.append({"t": now, "round": job.round, "kind": "outcome", "device": job.device, "outcome": reason,
-                         "arrived_round": self.round, "staleness": staleness,
-                         "staleness_bound": job.assignment.staleness_bound, "predicted_s": job.assignment.predicted_s,
-                         "actual_s": now - job.dispatched_at, "error": err, "samples": samples})
+        self.log.append({"t": now, "round": job.round, "kind": "outcome", "device": job.device,
+                         "outcome": "counted" if ok else "too_stale", "arrived_round": self.round,
+                         "staleness": staleness, "staleness_bound": job.assignment.staleness_bound,
+                         "predicted_s": job.assignment.predicted_s, "actual_s": now - job.dispatched_at,
+                         "error": err, "samples": samples, **({"clipped": True} if verdict.reason else {})})
         return ok
+
+    def refuse(self, job_id: str, now: float, reason: str) -> None:
+        """The adapter refused a job's reply before reading its weights (e.g. it is oversized)."""
+        self._refused(job_id, now, self.guard.refuse(self._jobs[job_id].device, reason, now))
+
+    def _refused(self, job_id: str, now: float, verdict: Verdict) -> None:
+        """A refused reply: the job is lost, and it is a strike against its device."""
+        device = self._jobs[job_id].device
+        self.lost(job_id, now, f"refused: {verdict.reason}")
+        log.warning("refused an update from %s: %s", device, verdict.reason)
+        if verdict.quarantined:
+            log.warning("%s is quarantined for %.0f s: %d refused updates", device, self.guard.config.quarantine_s,
+                        self.guard.config.strikes)
+            self.log.append({"t": now, "round": self.round, "kind": "quarantine", "device": device,
+                             "until": now + self.guard.config.quarantine_s, "reason": verdict.reason})
 
     def lost(self, job_id: str, now: float, why: str) -> None:
         """A job that will never deliver: its device left, the transport failed, or it timed out."""
@@ -255,7 +289,7 @@ class Scheduler:
         self._buffer = []
         if not updates:
             return weights, 0
-        step, _ = fednova(updates, self.config.momentum, self.config.plan.staleness_exponent)
+        step, _ = fednova(updates, self.config.momentum, self.config.plan.staleness_exponent, self.config.robust)
         lr = self.monitor.knobs.server_lr
         self.last_step_norm = float(np.sqrt(sum(float(np.sum(s * s)) for s in step)))
         new = [(w.astype(np.float64) - lr * s).astype(w.dtype) for w, s in zip(weights, step, strict=True)]

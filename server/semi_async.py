@@ -11,6 +11,7 @@ two differ only in the `Clock` and `FleetView` they pass in.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from edgesched.scheduler import DeviceView, Scheduler
 from edgesched.server.federation import FederationResult, job_record, mean_train_loss
 
 Evaluate = Callable[[list[np.ndarray]], tuple[float, float]]  # weights -> (loss, accuracy)
+OVERSIZE = 1.5  # a reply carrying more tensor bytes than this x the model is refused unread
 
 
 class Clock(Protocol):
@@ -167,9 +169,30 @@ def push_job(grid: Grid, arrays: ArrayRecord, cfg: RunConfig, rnd: int, node: in
 
 def trained_delta(reply: Message, base: list[np.ndarray]) -> list[np.ndarray] | None:
     """base - trained weights of a reply; None for an error or a reply without weights."""
+    trained = reply_weights(reply)
+    return None if trained is None else [b - t for b, t in zip(base, trained, strict=True)]
+
+
+def reply_weights(reply: Message) -> list[np.ndarray] | None:
+    """The trained weights a reply carries; None for an error or a reply without weights."""
     if reply.has_error() or ARRAYS not in reply.content:
         return None
-    return [b - t for b, t in zip(base, reply.content[ARRAYS].to_numpy_ndarrays(), strict=True)]
+    return reply.content[ARRAYS].to_numpy_ndarrays()
+
+
+def reply_bytes(reply: Message) -> int:
+    """Bytes of tensor data a reply carries, counted before any of it is decoded."""
+    return sum(len(a.data) for a in reply.content[ARRAYS].values()) if ARRAYS in reply.content else 0
+
+
+def reply_metrics(reply: Message) -> dict[str, float] | None:
+    """The job figures a reply reports; None if any is missing or not a finite number."""
+    keys = ("steps", "samples", "num-examples", "seconds", "loss", "partition-id", "samples-per-second")
+    try:
+        m = {k: float(reply.content[METRICS][k]) for k in keys}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return m if all(math.isfinite(v) for v in m.values()) else None
 
 
 def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: RunConfig,
@@ -209,7 +232,11 @@ def _poll(grid: Grid, scheduler: Scheduler, fleet: FleetView, clock: Clock, pend
 
 def _collect(grid: Grid, scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent],
              bases: dict[int, list[np.ndarray]], now: float, rnd: int) -> list[JobRecord]:
-    """Hand every reply that came in to the scheduler; return the job records of those that counted."""
+    """Hand every reply that came in to the scheduler; return the job records of those that counted.
+
+    A reply far larger than the model, or with figures that are not numbers, is refused before
+    its tensors are decoded; the scheduler validates the rest (edgesched.validate).
+    """
     if not pending:
         return []
     counted = []
@@ -217,16 +244,23 @@ def _collect(grid: Grid, scheduler: Scheduler, fleet: FleetView, pending: dict[s
         sent = pending.pop(reply.metadata.reply_to_message_id, None)
         if sent is None:
             continue
-        delta = trained_delta(reply, bases[sent.round])
-        if delta is None:
+        base = bases[sent.round]
+        if not reply.has_error() and reply_bytes(reply) > OVERSIZE * sum(b.nbytes for b in base):
+            scheduler.refuse(sent.job_id, now, "oversized")
+            continue
+        trained = reply_weights(reply)
+        if trained is None:
             reason = reply.error.reason if reply.has_error() else "no weights in the reply"
             scheduler.lost(sent.job_id, now, f"error: {reason}")
             continue
+        m = reply_metrics(reply)
+        if m is None:
+            scheduler.refuse(sent.job_id, now, "bad_metrics")
+            continue
         if DEVICE in reply.content:
             fleet.seen(reply.metadata.src_node_id, str(reply.content[DEVICE]["device-id"]))
-        m = reply.content[METRICS]
-        if scheduler.arrived(sent.job_id, now, delta, steps=int(m["steps"]), samples=int(m["samples"]),
-                             data_size=int(m["num-examples"]), compute_s=float(m["seconds"]), loss=float(m["loss"])):
+        if scheduler.arrived(sent.job_id, now, trained, base, steps=int(m["steps"]), samples=int(m["samples"]),
+                             data_size=int(m["num-examples"]), compute_s=m["seconds"], loss=m["loss"]):
             counted.append(job_record(rnd, reply))
     return counted
 

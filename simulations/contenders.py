@@ -145,7 +145,9 @@ def _scheduler(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: Virt
                                 evaluate, on_round)
     finally:
         recorder.write_decisions(scheduler.log)
-    return result.weights, {"prediction_error": prediction_error(scheduler.log, after_round=5)}
+    guard = scheduler.guard
+    return result.weights, {"prediction_error": prediction_error(scheduler.log, after_round=5),
+                            "refused_updates": dict(guard.refused), "clipped_updates": guard.clipped}
 
 
 def _class_priors(macs_per_sample: int) -> dict[str, float]:

@@ -106,11 +106,11 @@ def test_update_older_than_its_bound_is_refused_and_within_it_counts():
     assert a.staleness_bound == b.staleness_bound == 1
     s.dispatched("ja", a, 0.0, None, "pi")
     s.dispatched("jb", b, 0.0, None, "pi")
-    delta = [np.ones(3, dtype=np.float32)]
+    base, trained = [np.zeros(3, dtype=np.float32)], [np.ones(3, dtype=np.float32)]
     s.plan(2, 10.0, [])  # round 2 begins: both jobs are now one round stale
-    assert s.arrived("ja", 10.0, delta, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
+    assert s.arrived("ja", 10.0, trained, base, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
     s.plan(3, 20.0, [])
-    assert not s.arrived("jb", 20.0, delta, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
+    assert not s.arrived("jb", 20.0, trained, base, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
     outcomes = [e["outcome"] for e in s.log if e["kind"] == "outcome"]
     assert outcomes == ["counted", "too_stale"]
 
@@ -119,7 +119,8 @@ def test_non_finite_update_is_refused():
     s = scheduler(k=1)
     (a,) = s.plan(1, 0.0, [DeviceView("a", 600, None, "pi")])
     s.dispatched("j", a, 0.0, None, "pi")
-    assert not s.arrived("j", 1.0, [np.array([np.nan])], steps=1, samples=32, data_size=600, compute_s=0.1, loss=1.0)
+    assert not s.arrived("j", 1.0, [np.array([np.nan])], [np.zeros(1)], steps=1, samples=32, data_size=600,
+                         compute_s=0.1, loss=1.0)
     assert s.close_round([np.zeros(1)])[1] == 0
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from edgesched.config import STRATEGIES
-from edgesched.simulations.bench_contenders import table, write_docs
+from edgesched.simulations.bench_contenders import row, table, write_docs
 
 
 def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
@@ -22,8 +22,9 @@ def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
     assert all(f"| {s} |" in done.stdout for s in STRATEGIES)
 
 
-def _row(strategy: str, seed: int, ttt: float | None, virtual: float = 1000.0) -> dict:
-    return {"fleet": "f", "dropout": 0.3, "strategy": strategy, "seed": seed, "time_to_target_s": ttt,
+def _row(strategy: str, seed: int, ttt: float | None, virtual: float = 1000.0, easier: float = 10.0) -> dict:
+    return {"fleet": "f", "dropout": 0.3, "strategy": strategy, "seed": seed,
+            "reached": {"0.8000": easier, "0.8500": ttt},
             "final_accuracy": 0.8, "virtual_seconds": virtual, "device_seconds": 10.0, "bytes_up": 1e9,
             "bytes_down": 1e9, "rounds": 30, "seconds": 60.0, "target_accuracy": 0.85}
 
@@ -35,13 +36,23 @@ def test_the_table_gives_speed_ups_over_fedavg_and_the_gap_to_the_oracle():
     rows += [_row("fedbuff", 0, 50.0), _row("fedbuff", 1, None)]
     text = table(rows)
     line = next(x for x in text.splitlines() if x.startswith("| edgesched |"))
-    assert "| 100 ± 10 | 2/2 | 3.00 | 1.25 | 80.00 ± 0.00 % |" in line
-    assert "| fedbuff | 50 | 1/2 | — | — |" in text  # one seed never got there: no mean to compare
+    assert "| 10 ± 0 | 2/2 | 1.00 | 1.00 | 100 ± 10 | 2/2 | 3.00 | 1.25 | 80.00 ± 0.00 % |" in line
+    assert "| 2/2 | 1.00 | 1.00 | 50 | 1/2 | — | — |" in text  # one seed never got there: no mean to compare
+
+
+def test_both_targets_are_read_from_each_runs_accuracy_curve(tmp_path):
+    (tmp_path / "rounds.csv").write_text("round,accuracy,virtual_seconds\n1,0.70,10\n2,0.81,25\n3,0.79,40\n"
+                                         "4,0.86,55\n")
+    r = row("f", 0.3, "edgesched", 0, {"target_accuracy": 0.85, "final_accuracy": 0.86}, tmp_path)
+    assert r["reached"] == {"0.8000": 25.0, "0.8500": 55.0}
+    r = row("f", 0.3, "edgesched", 0, {"target_accuracy": 0.9, "final_accuracy": 0.86}, tmp_path)
+    assert r["reached"] == {"0.8500": 55.0, "0.9000": None}
 
 
 def test_a_baseline_that_never_reaches_the_target_gives_a_lower_bound():
     rows = [_row("fedavg", 0, None, virtual=9000.0), _row("edgesched", 0, 150.0)]
-    assert "| > 60.0 |" in table(rows)
+    assert "| not reached | 0/1 | — | — |" in table(rows)
+    assert "| 150 | 1/1 | > 60.0 | — |" in table(rows)
 
 
 def test_docs_are_rewritten_only_between_the_markers(tmp_path):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
+from flwr.app import Array
 from flwr.supercore.task_identity import TaskIdentity
 
 from edgesched.config import RunConfig
@@ -109,3 +111,38 @@ def test_a_message_flower_refuses_is_a_lost_job_not_a_crash(tmp_path, monkeypatc
     refused = [e for e in result.decisions if e["kind"] == "outcome" and e["outcome"] == "lost"]
     assert refused and all(e["device"] == "node-303" and "refused" in e["reason"] for e in refused)
     assert [r.round for r in rounds] == [1, 2] and all(r.replied == 2 and r.failed == 1 for r in rounds)
+
+
+class TamperingGrid(LocalGrid):
+    """Node 303 runs a broken client build: in turn a NaN step count, NaN weights, a tensor too many."""
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        for reply in replies:
+            if reply.metadata.src_node_id == 303:
+                self.broken = getattr(self, "broken", 0) + 1
+                arrays, metrics = reply.content["arrays"], reply.content["metrics"]
+                if self.broken % 3 == 1:
+                    metrics["steps"] = float("nan")
+                elif self.broken % 3 == 2:
+                    first = next(iter(arrays))
+                    arrays[first] = Array(np.full_like(arrays[first].numpy(), np.nan))
+                else:
+                    for k, a in list(arrays.items()):
+                        arrays[f"{k}-copy"] = a
+        return replies
+
+
+def test_bad_replies_are_refused_counted_and_their_device_quarantined(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+    cfg = RunConfig(dataset="digits", clients=3, rounds=5, lr=0.05, strategy="edgesched", min_deadline=0.01).resolved()
+    grid = TamperingGrid({node: {"device-id": device} for node, device in NODES.items()})
+    rounds = []
+    result = run_adaptive(grid, cfg, lambda record, jobs: rounds.append(record))
+
+    refused = [e["reason"] for e in result.decisions if e["kind"] == "outcome" and e["device"] == "node-303"]
+    assert refused == ["refused: bad_metrics", "refused: not_finite", "refused: oversized"]
+    assert [e["device"] for e in result.decisions if e["kind"] == "quarantine"] == ["node-303"]
+    later = [e for e in result.decisions if e["kind"] == "plan" and e["round"] > 3 and e["device"] == "node-303"]
+    assert later and all(e["reason"] == "quarantined" for e in later)
+    assert [r.round for r in rounds] == [1, 2, 3, 4, 5] and rounds[-1].accuracy > 0.5

@@ -41,5 +41,5 @@ def test_a_proximal_term_keeps_the_weights_near_where_they_started():
         model = build_model("digits", seed=1)
         start = [p.detach().clone() for p in model.parameters()]
         train(model, ds.x_train, ds.y_train, epochs=2, batch_size=32, lr=0.05, seed=3, proximal_mu=mu)
-        drift[mu] = sum(float(((p - p0) ** 2).sum()) for p, p0 in zip(model.parameters(), start, strict=True))
+        drift[mu] = sum(float(((p.detach() - p0) ** 2).sum()) for p, p0 in zip(model.parameters(), start, strict=True))
     assert drift[1.0] < 0.7 * drift[0.0]

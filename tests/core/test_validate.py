@@ -1,0 +1,102 @@
+"""Update validation: malformed and absurd updates never reach the model; repeat offenders rest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgesched.aggregate import Update, fednova, momentum_steps
+from edgesched.plan import PlanConfig
+from edgesched.predict import Predictor
+from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig
+from edgesched.validate import GuardConfig, UpdateGuard
+
+BASE = [np.zeros((4, 3), dtype=np.float32), np.zeros(3, dtype=np.float32)]
+
+
+def trained(scale: float = 0.01, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(b - scale * rng.standard_normal(b.shape)).astype(b.dtype) for b in BASE]
+
+
+def warmed(config: GuardConfig | None = None) -> UpdateGuard:
+    guard = UpdateGuard(config)
+    for i in range(10):
+        assert guard.check("ok", trained(seed=i), BASE, steps=1, now=0.0).reason is None
+    return guard
+
+
+@pytest.mark.parametrize(("weights", "steps", "reason"), [
+    ([np.full((4, 3), np.nan, np.float32), np.zeros(3, np.float32)], 1, "not_finite"),
+    ([np.zeros((3, 4), np.float32), np.zeros(3, np.float32)], 1, "shape"),
+    ([np.zeros((4, 3), np.float32)], 1, "shape"),
+    ([np.zeros((4, 3), np.float64), np.zeros(3, np.float32)], 1, "dtype"),
+    ([np.zeros((4, 3), np.float32), np.zeros(3, np.float32)], 0, "bad_metrics"),
+])
+def test_malformed_updates_are_refused_by_reason(weights, steps, reason):
+    guard = UpdateGuard()
+    verdict = guard.check("d", weights, BASE, steps=steps, now=0.0)
+    assert verdict.delta is None and verdict.reason == reason
+    assert guard.refused == {reason: 1}
+
+
+def test_an_absurdly_large_update_is_clipped_to_the_limit_or_refused():
+    guard = warmed()
+    verdict = guard.check("d", trained(scale=1000.0), BASE, steps=1, now=0.0)
+    assert verdict.reason == "clipped" and guard.clipped == 1
+    normal = np.median([np.sqrt(sum(np.sum(np.square(t)) for t in trained(seed=i))) for i in range(10)])
+    size = np.sqrt(sum(np.sum(np.square(d.astype(np.float64))) for d in verdict.delta))
+    assert size == pytest.approx(10.0 * normal, rel=1e-3)  # norm_limit x the median, not 1000x
+    refusing = warmed(GuardConfig(on_large_norm="refuse"))
+    assert refusing.check("d", trained(scale=1000.0), BASE, steps=1, now=0.0).reason == "norm"
+
+
+def test_a_long_jobs_momentum_built_size_is_not_mistaken_for_an_attack():
+    guard = warmed()
+    steps = 40  # momentum 0.9: each gradient moves the weights up to 10x over the job
+    big = trained(scale=0.01 * momentum_steps(steps, 0.9))
+    assert guard.check("d", big, BASE, steps=steps, now=0.0).reason is None
+
+
+def test_three_refusals_within_the_window_quarantine_a_device_for_a_while():
+    guard = UpdateGuard(GuardConfig(strikes=3, strike_window_s=100.0, quarantine_s=50.0))
+    nan = [np.full_like(b, np.nan) for b in BASE]
+    guard.check("d", nan, BASE, 1, now=0.0)
+    guard.check("d", nan, BASE, 1, now=150.0)  # the first strike has aged out of the window
+    assert not guard.quarantined("d", 150.0)
+    guard.check("d", nan, BASE, 1, now=160.0)
+    assert guard.check("d", nan, BASE, 1, now=170.0).quarantined
+    assert guard.quarantined("d", 219.0) and not guard.quarantined("d", 221.0)
+    assert not guard.quarantined("other", 200.0)
+
+
+def test_the_scheduler_gives_no_work_to_a_quarantined_device_and_never_aggregates_its_updates():
+    s = Scheduler(SchedulerConfig(PlanConfig(target_updates=2, min_deadline_s=0.01)), Predictor(4 * 15))
+    views = [DeviceView("good", 600, None, "pi"), DeviceView("bad", 600, None, "pi")]
+    now = 0.0
+    for rnd in range(1, 4):
+        s.start_round(rnd)
+        for a in s.plan(rnd, now, views):
+            s.dispatched(f"{rnd}-{a.device}", a, now, None, "pi")
+            weights = trained(seed=rnd) if a.device == "good" else [np.full_like(b, np.inf) for b in BASE]
+            s.arrived(f"{rnd}-{a.device}", now + 1, weights, BASE, steps=a.steps, samples=a.samples, data_size=600,
+                      compute_s=0.5, loss=1.0)
+        new, used = s.close_round(BASE)
+        assert used == 1 and all(np.all(np.isfinite(w)) for w in new)
+        now += 10
+    assert [e["device"] for e in s.log if e["kind"] == "quarantine"] == ["bad"]
+    s.start_round(4)
+    assert [a.device for a in s.plan(4, now, views)] == ["good"]
+    assert {"device": "bad", "reason": "quarantined"}.items() <= next(
+        e for e in s.log if e["kind"] == "plan" and e["round"] == 4 and not e["selected"]).items()
+    assert s.guard.refused == {"not_finite": 3}
+
+
+def test_robust_aggregation_ignores_one_wild_update_that_fednova_follows():
+    good = [Update([np.array([1.0, 1.0])], samples=100, steps=1, staleness=0) for _ in range(4)]
+    wild = Update([np.array([1000.0, -1000.0])], samples=100, steps=1, staleness=0)
+    mean_step, _ = fednova([*good, wild], momentum=0.0, exponent=0.5)
+    assert abs(mean_step[0][0]) > 100
+    for method in ("median", "trimmed-mean"):
+        (step,), _ = fednova([*good, wild], momentum=0.0, exponent=0.5, robust=method)
+        np.testing.assert_allclose(step, [1.0, 1.0])
