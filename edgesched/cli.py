@@ -9,13 +9,16 @@ from __future__ import annotations
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
 
 from edgesched.config import GATEWAY_STRATEGIES, STRATEGIES, RunConfig
 from edgesched.errors import ConfigError, EdgeschedError
+
+if TYPE_CHECKING:
+    from edgesched.simulations.fleet import FleetSpec
 
 app = typer.Typer(
     rich_markup_mode="markdown",
@@ -90,6 +93,15 @@ def simulate(
     dropout: Annotated[float | None, Opt(help=(
         "With --fleet: probability that a device drops out during a job (overrides the file)."
     ))] = None,
+    bad_updates: Annotated[float | None, Opt(help=(
+        "With --fleet: probability that a delivered update is corrupt — NaN, or 100x too large — as from a "
+        "board with failing memory or a broken client build (overrides the file)."
+    ))] = None,
+    resume: Annotated[Path | None, Opt(help=(
+        "Continue a stopped fleet run (killed, crashed, the machine rebooted) from its run directory, with "
+        "its own settings: the adaptive scheduler's strategies checkpoint after every round, and the resumed "
+        "run ends exactly as an uninterrupted one would (docs/reliability.md)."
+    ))] = None,
 ) -> None:
     """Simulate a federation on this machine and write a run directory.
 
@@ -100,12 +112,20 @@ def simulate(
     round), jobs.csv (each client job: samples, steps, seconds, samples/s), summary.json,
     model.npz (the final global weights) and accuracy.png.
     """
+    if resume is not None:
+        given = [f"--{name.replace('_', '-')}" for name in click.get_current_context().params
+                 if name != "resume" and click.get_current_context().get_parameter_source(name)
+                 == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise ConfigError(f"--resume continues the run with its own settings; drop {', '.join(given)}")
+        _resume_fleet(resume)
+        return
     if fleet is not None:
-        _simulate_fleet(fleet, strategy or "edgesched", broker, seed, rounds, dropout,
+        _simulate_fleet(fleet, strategy or "edgesched", broker, seed, rounds, dropout, bad_updates,
                         str(data_dir) if data_dir else None, out)
         return
-    if dropout is not None or broker is not None:
-        raise ConfigError("--dropout and --broker need --fleet: they describe a virtual fleet")
+    if dropout is not None or broker is not None or bad_updates is not None:
+        raise ConfigError("--dropout, --bad-updates and --broker need --fleet: they describe a virtual fleet")
     if strategy is not None and strategy in STRATEGIES and strategy not in GATEWAY_STRATEGIES:
         raise ConfigError(f"--strategy {strategy} is a baseline for virtual fleets: it needs --fleet")
     optional = {"rounds": rounds, "seed": seed}
@@ -126,14 +146,26 @@ def simulate(
 
 
 def _simulate_fleet(name: str, strategy: str, broker: str | None, seed: int | None, rounds: int | None,
-                    dropout: float | None, data_dir: str | None, out: Path | None) -> None:
+                    dropout: float | None, bad_updates: float | None, data_dir: str | None, out: Path | None) -> None:
     from edgesched.simulations.fleet import load_fleet
     from edgesched.simulations.fleet_run import IN_PROCESS, simulate_fleet
 
     spec = load_fleet(name).with_overrides(seed=seed, rounds=rounds, dropout=dropout, data_dir=data_dir,
-                                           strategy=strategy)
+                                           strategy=strategy, bad_updates=bad_updates)
     out_dir = out or Path("runs") / f"{spec.name}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
-    summary = simulate_fleet(spec, out_dir, broker or IN_PROCESS)
+    _report(spec, out_dir, simulate_fleet(spec, out_dir, broker or IN_PROCESS))
+
+
+def _resume_fleet(run_dir: Path) -> None:
+    from edgesched.simulations import checkpoint
+    from edgesched.simulations.fleet_run import simulate_fleet
+
+    saved = checkpoint.load(run_dir)
+    typer.echo(f"resuming {run_dir} after round {saved.loop.round} of {saved.spec.run.rounds}", err=True)
+    _report(saved.spec, run_dir, simulate_fleet(saved.spec, run_dir, saved.broker, resume=saved))
+
+
+def _report(spec: FleetSpec, out_dir: Path, summary: dict) -> None:
     reached = summary["time_to_target_s"]
     target = f"target {spec.target_accuracy:.0%} reached at {reached:.0f} virtual s" if reached is not None \
         else f"target {spec.target_accuracy:.0%} not reached"

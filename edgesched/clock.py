@@ -9,7 +9,6 @@ order they were scheduled, so a seed gives the same event order on any host.
 from __future__ import annotations
 
 import heapq
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +27,13 @@ class EventQueue:
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
         self._heap: list[Event] = []
-        self._seq = itertools.count()
+        self._seq = 0  # a plain int, not itertools.count: a checkpoint pickles the queue
 
     def schedule(self, time: float, kind: str, **data: Any) -> Event:
         if time < self.now:
             raise ValueError(f"cannot schedule {kind} at {time} before now ({self.now})")
-        event = Event(time, next(self._seq), kind, data)
+        event = Event(time, self._seq, kind, data)
+        self._seq += 1
         heapq.heappush(self._heap, event)
         return event
 

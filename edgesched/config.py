@@ -74,6 +74,7 @@ class RunConfig:
     update_norm_limit: float = 10.0  # x the recent median size per local step
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
+    checkpoint_dir: str | None = None  # gateway: checkpoint every round here; a restart with it resumes
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import pickle
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar
 
 import numpy as np
 
 from edgesched.errors import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,15 +56,23 @@ class JobRecord:
 class RunRecorder:
     """Writes a run directory as the run goes; `finish` adds the summary, weights and plot."""
 
-    def __init__(self, out_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, out_dir: Path, config: dict[str, Any], resume: dict[str, int] | None = None,
+                 rounds: list[RoundRecord] | None = None) -> None:
+        """`resume`: the logs' sizes at a checkpoint (`offsets()`); they are cut back to them
+        and continued, after `rounds`, the rounds recorded by then."""
         if (out_dir / "summary.json").exists():
             raise ConfigError(f"{out_dir} already holds a finished run; choose another --out")
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_dir = out_dir
-        self.rounds: list[RoundRecord] = []
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        self._round_csv = _CsvLog(out_dir / "rounds.csv", RoundRecord)
-        self._job_csv = _CsvLog(out_dir / "jobs.csv", JobRecord)
+        self.rounds: list[RoundRecord] = list(rounds or [])
+        if resume is None:
+            (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        self._round_csv = _CsvLog(out_dir / "rounds.csv", RoundRecord, resume and resume["rounds.csv"])
+        self._job_csv = _CsvLog(out_dir / "jobs.csv", JobRecord, resume and resume["jobs.csv"])
+
+    def offsets(self) -> dict[str, int]:
+        """Bytes written to each log so far: where a resumed run continues them."""
+        return {"rounds.csv": self._round_csv.tell(), "jobs.csv": self._job_csv.tell()}
 
     def on_round(self, record: RoundRecord, jobs: list[JobRecord]) -> None:
         self.rounds.append(record)
@@ -97,6 +109,50 @@ class RunRecorder:
             plot_decisions(log, self.out_dir / "decisions.png")
 
 
+def open_log(path: Path, resume_at: int | None = None, newline: str | None = None) -> IO[str]:
+    """A log file to append to: new, or cut back to `resume_at` bytes (what a checkpoint saw)."""
+    if resume_at is None:
+        return path.open("w", newline=newline)
+    f = path.open("r+", newline=newline)
+    f.truncate(resume_at)
+    f.seek(resume_at)
+    return f
+
+
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Replace `path` with `payload` so that a crash at any instant leaves the old file or the new
+    one, never a torn one: write a temporary file, fsync it, rename it over, fsync the folder."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def write_checkpoint(path: Path, state: object) -> None:
+    """Pickle `state` to `path` atomically."""
+    atomic_write(path, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_checkpoint(path: Path, kind: type[T]) -> T:
+    """The `kind` pickled at `path`; a one-line error for a damaged or foreign file.
+
+    A checkpoint is a pickle: read only those you trust, as with any pickle."""
+    try:
+        state = pickle.loads(path.read_bytes())
+    except Exception as exc:  # a foreign or damaged file: say so in one line
+        raise ConfigError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
+    if not isinstance(state, kind):
+        raise ConfigError(f"{path}: not a {kind.__name__} of this version of edgesched")
+    return state
+
+
 def prediction_error(log: list[dict[str, Any]], after_round: int = 0) -> dict[str, Any]:
     """Median absolute % error of predicted vs actual job time, over on-time arrivals after a round."""
     errors = [abs(e["error"]) for e in log if e["kind"] == "outcome" and "error" in e
@@ -106,10 +162,15 @@ def prediction_error(log: list[dict[str, Any]], after_round: int = 0) -> dict[st
 
 
 class _CsvLog:
-    def __init__(self, path: Path, row_type: type) -> None:
-        self._file = path.open("w", newline="")
+    def __init__(self, path: Path, row_type: type, resume_at: int | None = None) -> None:
+        """A new CSV with its header, or (`resume_at`) an existing one cut back to that size."""
+        self._file = open_log(path, resume_at, newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=[f.name for f in fields(row_type)])
-        self._writer.writeheader()
+        if resume_at is None:
+            self._writer.writeheader()
+
+    def tell(self) -> int:
+        return self._file.tell()
 
     def write(self, row: Any) -> None:
         self._writer.writerow(asdict(row))

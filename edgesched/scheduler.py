@@ -17,6 +17,7 @@ Every decision is appended to `self.log` as a plain dict (decisions.jsonl).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -104,7 +105,7 @@ class Scheduler:
         self.round = 0
         self.log: list[dict[str, Any]] = []
         self._jobs: dict[str, _Job] = {}
-        self._buffer: list[tuple[str, Update]] = []
+        self._buffer: list[tuple[str, str, Update]] = []  # (job id, device, update)
         self._last_round: dict[str, int] = {}
         self._loss: dict[str, float] = {}
         self._due = 0  # this round's jobs planned to make the deadline, less those lost
@@ -222,7 +223,7 @@ class Scheduler:
             self._loss[job.device] = loss
         ok = staleness <= job.assignment.staleness_bound
         if ok:
-            self._buffer.append((job_id, Update(verdict.delta, data_size, steps, staleness)))
+            self._buffer.append((job_id, job.device, Update(verdict.delta, data_size, steps, staleness)))
         if staleness == 0 and job.assignment.staleness == 0:
             self._on_time += 1
             self.errors.append(abs(err))
@@ -230,7 +231,7 @@ class Scheduler:
                          "outcome": "counted" if ok else "too_stale", "arrived_round": self.round,
                          "staleness": staleness, "staleness_bound": job.assignment.staleness_bound,
                          "predicted_s": job.assignment.predicted_s, "actual_s": now - job.dispatched_at,
-                         "error": err, "samples": samples, **({"clipped": True} if verdict.reason else {})})
+                         "error": err, "samples": samples})
         return ok
 
     def refuse(self, job_id: str, now: float, reason: str) -> None:
@@ -241,6 +242,11 @@ class Scheduler:
         """A refused reply: the job is lost, and it is a strike against its device."""
         device = self._jobs[job_id].device
         self.lost(job_id, now, f"refused: {verdict.reason}")
+        self._note_refusal(device, now, verdict)
+
+    def _note_refusal(self, device: str, now: float, verdict: Verdict) -> None:
+        if verdict.delta is not None:
+            return  # clipped: it counts, at a sane size
         log.warning("refused an update from %s: %s", device, verdict.reason)
         if verdict.quarantined:
             log.warning("%s is quarantined for %.0f s: %d refused updates", device, self.guard.config.quarantine_s,
@@ -283,10 +289,21 @@ class Scheduler:
                        for job in self._jobs.values())
 
     # -- aggregation and feedback -----------------------------------------------------------
-    def close_round(self, weights: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
-        """Apply the buffered updates as one FedNova step; returns (new weights, updates used)."""
-        updates = [u for _, u in sorted(self._buffer, key=lambda b: b[0])]  # arrival order never matters
+    def close_round(self, weights: list[np.ndarray], now: float) -> tuple[list[np.ndarray], int]:
+        """Screen the buffered updates' sizes, then apply them as one FedNova step.
+
+        Returns (new weights, updates used)."""
+        buffered = sorted(self._buffer, key=lambda b: b[0])  # arrival order never matters
         self._buffer = []
+        verdicts = self.guard.screen([(device, u.delta, u.steps) for _, device, u in buffered], weights, now)
+        updates = []
+        for (_, device, update), verdict in zip(buffered, verdicts, strict=True):
+            if verdict.delta is not None:
+                updates.append(dataclasses.replace(update, delta=verdict.delta))
+            if verdict.reason is not None:
+                self.log.append({"t": now, "round": self.round, "kind": "screen", "device": device,
+                                 "outcome": "clipped" if verdict.delta is not None else "refused"})
+                self._note_refusal(device, now, verdict)
         if not updates:
             return weights, 0
         step, _ = fednova(updates, self.config.momentum, self.config.plan.staleness_exponent, self.config.robust)

@@ -2,12 +2,14 @@
 
 One bad update can wreck the global model in a single server step: a board with failing
 memory sends NaNs, a stale client build sends tensors of another shape, a buggy or hostile
-device sends a delta a thousand times too large. Every update is checked before it may
-count: its tensors must match the global model's shapes and dtypes and be finite, its
-reported work must make sense, and its size per local step must be within `norm_limit`
-times the median of recently accepted updates — larger ones are clipped to that limit or
-refused, as configured. Steps are counted as FedNova counts them under the clients'
-momentum, so a long job's momentum-built speed does not look like an attack. A device whose updates are refused
+device sends a delta a hundred times too large. Every update is checked twice. On arrival
+(`check`), its tensors must match the global model's shapes and dtypes and be finite, and
+its reported work must make sense. At aggregation (`screen`), its size per local step must
+be within `norm_limit` times the median of recently accepted updates (at the start of a run,
+of the round's own) — larger ones are refused, or clipped to the median size: a flagged
+update then pulls no harder than a typical one (norm bounding, Sun et al. 2019). Steps
+are counted as FedNova counts them under the clients' momentum, so a long job's
+momentum-built speed does not look like an attack. A device whose updates are refused
 `strikes` times within `strike_window_s` is quarantined for `quarantine_s`: the planner gives
 it no work meanwhile, so a broken board stops costing the fleet slots and traffic.
 """
@@ -32,7 +34,8 @@ class GuardConfig:
     on_large_norm: str = "clip"  # "clip": scale it down to the limit; "refuse": drop it
     client_momentum: float = 0.9  # the clients' SGD momentum (edgesched.training)
     history: int = 100  # accepted per-step norms the median is taken over
-    min_history: int = 5  # norms are judged only once this many are known
+    min_history: int = 5  # updates seen before their median size is the yardstick
+    cold_limit: float = 1.0  # with no yardstick at all: an update may change the model by this x its norm
     strikes: int = 3  # refusals within the window that quarantine a device
     strike_window_s: float = 3600.0
     quarantine_s: float = 1800.0
@@ -62,23 +65,46 @@ class UpdateGuard:
 
     def check(self, device: str, trained: Sequence[np.ndarray], base: Sequence[np.ndarray], steps: int,
               now: float) -> Verdict:
-        """Judge a job's trained weights against the global model it started from."""
+        """On arrival: can these trained weights be aggregated at all? Returns the delta if so."""
         reason = _malformed(trained, base, steps)
         if reason is not None:
             return self.refuse(device, reason, now)
-        delta = [b - t for b, t in zip(base, trained, strict=True)]
-        norm = math.sqrt(sum(float(np.sum(np.square(d, dtype=np.float64))) for d in delta))
-        per_step = norm / momentum_steps(steps, self.config.client_momentum)
-        known = len(self._norms) >= self.config.min_history
-        limit = self.config.norm_limit * float(np.median(self._norms)) if known else math.inf
-        if 0 < limit < per_step:
-            if self.config.on_large_norm == "refuse":
-                return self.refuse(device, "norm", now)
-            self.clipped += 1
-            self._norms.append(limit)
-            return Verdict([(d * (limit / per_step)).astype(d.dtype) for d in delta], "clipped")
-        self._norms.append(per_step)
-        return Verdict(delta)
+        return Verdict([b - t for b, t in zip(base, trained, strict=True)])
+
+    def screen(self, updates: Sequence[tuple[str, Sequence[np.ndarray], int]], model: Sequence[np.ndarray],
+               now: float) -> list[Verdict]:
+        """At aggregation: judge the size of each (device, delta, steps) of a round, in order.
+
+        The yardstick is the median size per local step of recently accepted updates; until
+        `min_history` are known, the median of this round's (if it has three or more), and
+        failing that the model's own size (`cold_limit`): no update may move the model further.
+        An update beyond `norm_limit` x the median is refused or clipped to the median.
+        """
+        momentum = self.config.client_momentum
+        sizes = [_norm(delta) / momentum_steps(steps, momentum) for _, delta, steps in updates]
+        if len(self._norms) >= self.config.min_history:
+            median = float(np.median(self._norms))
+        elif len(sizes) >= 3:
+            median = float(np.median(sizes))
+        else:
+            median = math.inf
+        verdicts = []
+        for (device, delta, steps), size in zip(updates, sizes, strict=True):
+            if math.isfinite(median):
+                limit, target = self.config.norm_limit * median, median
+            else:
+                limit = target = self.config.cold_limit * _norm(model) / momentum_steps(steps, momentum)
+            if 0 < limit < size:
+                if self.config.on_large_norm == "refuse":
+                    verdicts.append(self.refuse(device, "norm", now))
+                    continue
+                self.clipped += 1
+                verdicts.append(Verdict([(d * (target / size)).astype(d.dtype) for d in delta], "clipped"))
+                size = target
+            else:
+                verdicts.append(Verdict(list(delta)))
+            self._norms.append(size)
+        return verdicts
 
     def refuse(self, device: str, reason: str, now: float) -> Verdict:
         """Count a refusal (also for checks made before the weights are read, e.g. size)."""
@@ -93,6 +119,10 @@ class UpdateGuard:
 
     def quarantined(self, device: str, now: float) -> bool:
         return self._quarantine.get(device, -math.inf) > now
+
+
+def _norm(tensors: Sequence[np.ndarray]) -> float:
+    return math.sqrt(sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors))
 
 
 def _malformed(trained: Sequence[np.ndarray], base: Sequence[np.ndarray], steps: int) -> str | None:

@@ -8,20 +8,27 @@ by the `i`-th node seen, as in the synchronous loop.
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from edgesched import data, partition
 from edgesched.config import RunConfig
+from edgesched.errors import ConfigError
 from edgesched.models import model_size
 from edgesched.mqtt import RegistryListener
 from edgesched.predict import Predictor
 from edgesched.registry import DeviceState
+from edgesched.results import read_checkpoint, write_checkpoint
 from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig, device_view
 from edgesched.server.federation import FederationResult, RoundCallback, wait_for_nodes
-from edgesched.server.semi_async import WallClock, run_semi_async
+from edgesched.server.semi_async import LoopState, WallClock, run_semi_async
 
+log = logging.getLogger(__name__)
+CHECKPOINT = "gateway-checkpoint.pkl"
 NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
 
 
@@ -85,9 +92,23 @@ class GatewayFleet:
             self._telemetry.link_node(device_id, node)
 
 
+@dataclass
+class GatewayCheckpoint:
+    """What a restarted gateway needs to go on: whose run, the loop's state, the scheduler."""
+
+    config: RunConfig
+    loop: LoopState
+    scheduler: Scheduler
+
+
 def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
                  telemetry: RegistryListener | None = None) -> FederationResult:
-    """The adaptive scheduler's run on a gateway (or over the plain simulation's nodes)."""
+    """The adaptive scheduler's run on a gateway (or over the plain simulation's nodes).
+
+    With `checkpoint-dir` set, a checkpoint is written there after every round, and a gateway
+    restarted with the same config continues from it; jobs that were in flight count as lost
+    (they belonged to the stopped Flower run), and their devices are planned afresh.
+    """
     from edgesched.models import build_model
     from edgesched.training import scorer
 
@@ -95,10 +116,32 @@ def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
     sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.partitioner or "iid", cfg.clients or 1,
                                                  cfg.alpha, cfg.seed)]
     model = build_model(cfg.dataset, cfg.seed)
+    saved = _saved_run(cfg)
     wait_for_nodes(grid, cfg.clients or 1)
     size = model_size(cfg.dataset)
-    scheduler = Scheduler(SchedulerConfig.from_run(cfg), Predictor(4 * size["model_parameters"]))
+    scheduler = saved.scheduler if saved else Scheduler(SchedulerConfig.from_run(cfg),
+                                                         Predictor(4 * size["model_parameters"]))
+    if saved:
+        log.info("resuming after round %d of %d", saved.loop.round, cfg.rounds)
+        for job_id in saved.loop.pending:
+            scheduler.lost(job_id, time.time(), "gateway restarted")
+        saved.loop.pending.clear()
+        saved.loop.bases.clear()
+    path = Path(cfg.checkpoint_dir) / CHECKPOINT if cfg.checkpoint_dir else None
+    save = (lambda loop, s: write_checkpoint(path, GatewayCheckpoint(cfg, loop, s))) if path else None
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     result = run_semi_async(grid, WallClock(), GatewayFleet(grid, telemetry, sizes), scheduler, cfg, weights,
-                            scorer(model, ds.x_test, ds.y_test), on_round)
+                            scorer(model, ds.x_test, ds.y_test), on_round, saved and saved.loop, save)
+    if path:
+        path.unlink(missing_ok=True)  # the run is complete
     return FederationResult(result.weights, result.rounds, scheduler.log)
+
+
+def _saved_run(cfg: RunConfig) -> GatewayCheckpoint | None:
+    """This run's checkpoint in `checkpoint-dir`, if a previous start of it left one."""
+    if not cfg.checkpoint_dir or not (path := Path(cfg.checkpoint_dir) / CHECKPOINT).exists():
+        return None
+    saved = read_checkpoint(path, GatewayCheckpoint)
+    if saved.config != cfg:
+        raise ConfigError(f"{path} holds a checkpoint of another run (other settings); move it away to start afresh")
+    return saved

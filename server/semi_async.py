@@ -96,16 +96,30 @@ class _Sent:
     session: int | None
 
 
+@dataclass
+class LoopState:
+    """Where the loop stands after a round's aggregation: what a checkpoint must keep of it."""
+
+    round: int  # the last round aggregated
+    keys: list[str]
+    weights: list[np.ndarray]  # the global model
+    bases: dict[int, list[np.ndarray]]  # the global model each round with jobs in flight started from
+    pending: dict[str, _Sent]  # jobs in flight
+    history: list[RoundRecord]
+
+
+SaveState = Callable[[LoopState, Scheduler], None]  # called after each round: a checkpoint
+
+
 def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Scheduler, cfg: RunConfig,
                    weights: dict[str, np.ndarray], evaluate: Evaluate,
-                   on_round: Callable[[RoundRecord, list[JobRecord]], None]) -> FederationResult:
-    keys = list(weights)
-    current = list(weights.values())
-    bases: dict[int, list[np.ndarray]] = {}  # the global model each round's jobs started from
-    pending: dict[str, _Sent] = {}
-    history: list[RoundRecord] = []
+                   on_round: Callable[[RoundRecord, list[JobRecord]], None],
+                   resume: LoopState | None = None, checkpoint: SaveState | None = None) -> FederationResult:
+    """Run rounds until `cfg.rounds`, from `resume` if given; `checkpoint` is called after each."""
+    state = resume or LoopState(0, list(weights), list(weights.values()), {}, {}, [])
+    keys, current, bases, pending, history = state.keys, state.weights, state.bases, state.pending, state.history
     started = time.monotonic()
-    for rnd in range(1, cfg.rounds + 1):
+    for rnd in range(state.round + 1, cfg.rounds + 1):
         scheduler.start_round(rnd)
         intake = _Intake()
         poll = partial(_poll, grid, scheduler, fleet, clock, pending, bases, rnd, intake)
@@ -134,7 +148,7 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
             clock.wait(round_end)
         for job_id in scheduler.expire(clock.now()):
             pending.pop(job_id, None)
-        current, used = scheduler.close_round(current)
+        current, used = scheduler.close_round(current, clock.now())
         clock.mark("round_end", round=rnd, delivered=used)
         for old in [r for r in bases if not any(s.round == r for s in pending.values())]:
             del bases[old]
@@ -147,6 +161,8 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
         )
         history.append(record)
         on_round(record, intake.jobs)
+        if checkpoint is not None:
+            checkpoint(LoopState(rnd, keys, current, bases, pending, history), scheduler)
     return FederationResult(dict(zip(keys, current, strict=True)), history)
 
 

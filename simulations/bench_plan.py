@@ -60,7 +60,7 @@ def bench(n: int, rounds: int, seed: int = 0) -> list[float]:
                 scheduler.arrived(f"{rnd}-{k}", now + a.predicted_s * rng.uniform(0.6, 1.2), [np.zeros(1)],
                                   [np.zeros(1)], a.steps, a.samples, a.samples, a.predicted_s * 0.5,
                                   float(rng.uniform(0.3, 2)))
-        scheduler.close_round([np.zeros(1)])
+        scheduler.close_round([np.zeros(1)], now)
         now += 60.0
     return seconds
 

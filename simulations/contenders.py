@@ -20,7 +20,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.fleet import FleetSpec
 from edgesched.simulations.heartbeats import RegistryFleetView, VirtualTelemetry
+
+if TYPE_CHECKING:
+    from edgesched.server.semi_async import SaveState
 
 OnRound = Callable[[RoundRecord, list[JobRecord]], None]
 Weights = dict[str, np.ndarray]
@@ -49,8 +52,12 @@ def devices_per_round(cfg: RunConfig) -> int:
 
 
 def run_contender(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: VirtualTelemetry, sizes: list[int],
-                  on_round: OnRound, recorder: RunRecorder) -> tuple[Weights, dict[str, Any]]:
-    """Run `spec.run.strategy` on the grid; returns the final weights and extra summary figures."""
+                  on_round: OnRound, recorder: RunRecorder, checkpoint: SaveState | None = None,
+                  resume: Any = None) -> tuple[Weights, dict[str, Any]]:
+    """Run `spec.run.strategy` on the grid; returns the final weights and extra summary figures.
+
+    The scheduler's strategies call `checkpoint` after every round and continue from `resume`
+    (a simulations.checkpoint.Checkpoint) if given."""
     strategy = spec.run.strategy
     if strategy in ("fedavg", "fedprox", "deadline"):
         return _flower(vgrid, spec, fleet, sizes, on_round)
@@ -61,7 +68,7 @@ def run_contender(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: V
         result = run_fedbuff(vgrid, vgrid, RegistryFleetView(telemetry, sizes), spec.run, _weights(model), evaluate,
                              on_round)
         return result.weights, {}
-    return _scheduler(vgrid, spec, fleet, telemetry, sizes, on_round, recorder)
+    return _scheduler(vgrid, spec, fleet, telemetry, sizes, on_round, recorder, checkpoint, resume)
 
 
 def _evaluator(cfg: RunConfig) -> tuple[Any, Callable[[list[np.ndarray]], tuple[float, float]]]:
@@ -120,7 +127,8 @@ def _flower(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int],
 
 
 def _scheduler(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: VirtualTelemetry, sizes: list[int],
-               on_round: OnRound, recorder: RunRecorder) -> tuple[Weights, dict[str, Any]]:
+               on_round: OnRound, recorder: RunRecorder, checkpoint: SaveState | None,
+               resume: Any) -> tuple[Weights, dict[str, Any]]:
     from edgesched.predict import Predictor, PredictorConfig
     from edgesched.scheduler import Scheduler, SchedulerConfig
     from edgesched.server.semi_async import run_semi_async
@@ -132,7 +140,9 @@ def _scheduler(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: Virt
     size = model_size(cfg.dataset)
     model_bytes = 4 * size["model_parameters"]
     sched_cfg = SchedulerConfig.from_run(cfg)
-    if strategy == "oracle":
+    if resume is not None:
+        scheduler = resume.scheduler
+    elif strategy == "oracle":
         foresight = Foresight(fleet, sizes, vgrid.now)
         scheduler = Scheduler(sched_cfg, OraclePredictor(foresight, model_bytes),
                               OracleRisk(foresight, sched_cfg.battery_reserve))
@@ -142,7 +152,7 @@ def _scheduler(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: Virt
         scheduler = Scheduler(sched_cfg, predictor)
     try:
         result = run_semi_async(vgrid, vgrid, RegistryFleetView(telemetry, sizes), scheduler, cfg, _weights(model),
-                                evaluate, on_round)
+                                evaluate, on_round, resume and resume.loop, checkpoint)
     finally:
         recorder.write_decisions(scheduler.log)
     guard = scheduler.guard

@@ -40,6 +40,7 @@ class Dynamics:
     battery: bool = True  # boards with a battery drain, charge, and go flat
     bandwidth_noise: bool = True  # each transfer draws its bandwidth (off: the link's mean)
     heartbeat_s: float = 60.0  # virtual seconds between a device's heartbeats
+    bad_updates: float = 0.0  # probability that a delivered update is corrupt (NaN, or 100x too large)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class FleetSpec:
         return sum(g.count for g in self.groups)
 
     def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
-                       data_dir: str | None = None, strategy: str | None = None) -> FleetSpec:
+                       data_dir: str | None = None, strategy: str | None = None,
+                       bad_updates: float | None = None) -> FleetSpec:
         """The same fleet with CLI overrides applied (None keeps the file's value)."""
         run = dataclasses.replace(
             self.run,
@@ -66,9 +68,14 @@ class FleetSpec:
             data_dir=data_dir or self.run.data_dir,
             strategy=strategy or self.run.strategy,
         )
-        dynamics = self.dynamics if dropout is None else dataclasses.replace(self.dynamics, dropout=dropout)
-        if not 0 <= dynamics.dropout <= 1:
-            raise ConfigError(f"--dropout must be in [0, 1], got {dynamics.dropout}")
+        dynamics = dataclasses.replace(
+            self.dynamics,
+            dropout=self.dynamics.dropout if dropout is None else dropout,
+            bad_updates=self.dynamics.bad_updates if bad_updates is None else bad_updates,
+        )
+        for flag, value in (("--dropout", dynamics.dropout), ("--bad-updates", dynamics.bad_updates)):
+            if not 0 <= value <= 1:
+                raise ConfigError(f"{flag} must be in [0, 1], got {value}")
         return dataclasses.replace(self, seed=run.seed, run=run, dynamics=dynamics)
 
 
@@ -141,6 +148,8 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
         bandwidth_noise=r.get(dyn, "bandwidth_noise", bool, True, prefix="dynamics."),
         heartbeat_s=r.get(dyn, "heartbeat_s", float, 60.0, prefix="dynamics.", check=lambda v: v >= 1,
                           rule="must be >= 1"),
+        bad_updates=r.get(dyn, "bad_updates", float, 0.0, prefix="dynamics.", check=lambda v: 0 <= v <= 1,
+                          rule="in [0, 1]"),
     )
     return FleetSpec(
         name=r.get(raw, "name", str, path.stem),

@@ -25,8 +25,12 @@ from edgesched import data, partition
 from edgesched.errors import EdgeschedError
 from edgesched.models import model_size
 from edgesched.registry import DeviceRegistry, RegistryConfig
-from edgesched.results import JobRecord, RoundRecord, RunRecorder, plot_accuracy
+from edgesched.results import JobRecord, RoundRecord, RunRecorder, open_log, plot_accuracy
+from edgesched.scheduler import Scheduler
+from edgesched.server.semi_async import LoopState
+from edgesched.simulations import checkpoint
 from edgesched.simulations.catalog import load_catalog
+from edgesched.simulations.checkpoint import Checkpoint
 from edgesched.simulations.contenders import devices_per_round, run_contender
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.engine import run_engine, workers
@@ -38,24 +42,39 @@ from edgesched.simulations.timeline import plot_timeline
 IN_PROCESS = "in-process"
 
 
-def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS) -> dict[str, Any]:
-    """Run the fleet with `spec.run.strategy`; telemetry over `broker` (in-process, embedded or a URL)."""
+def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
+                   resume: Checkpoint | None = None) -> dict[str, Any]:
+    """Run the fleet with `spec.run.strategy`; telemetry over `broker` (in-process, embedded or a URL).
+
+    The adaptive scheduler's strategies write a checkpoint after every round; `resume` (one of
+    them, with its own spec and broker) continues that run in `out_dir`.
+    """
     cfg = spec.run
     strategy = cfg.strategy
     dataset = data.load(cfg.dataset, cfg.data_dir)  # fail fast on missing data, before Ray starts
     sizes = [len(p) for p in partition.partition(dataset.y_train, dataset.groups, cfg.partitioner or "iid",
                                                  spec.size, cfg.alpha, cfg.seed)]
     size = model_size(cfg.dataset)
-    fleet = VirtualFleet(spec, load_catalog(), size["model_macs_per_sample"], 4 * size["model_parameters"])
     config = {**cfg.to_mapping(), "fleet": spec.name, "fleet-file": str(spec.path), "strategy": strategy,
               "dropout": spec.dynamics.dropout, "target-accuracy": spec.target_accuracy, "telemetry": broker}
     state: dict[str, Any] = {}
-    registry = DeviceRegistry(RegistryConfig(fleet=spec.name, heartbeat_interval=spec.dynamics.heartbeat_s))
+    cost = {"checkpoint_seconds": 0.0, "checkpoint_bytes": 0}  # what checkpointing every round took
+    if resume is None:
+        fleet = VirtualFleet(spec, load_catalog(), size["model_macs_per_sample"], 4 * size["model_parameters"])
+        registry = DeviceRegistry(RegistryConfig(fleet=spec.name, heartbeat_interval=spec.dynamics.heartbeat_s))
+    else:
+        fleet, registry = resume.fleet, resume.telemetry.registry
     with _bus(broker, spec.name) as bus:  # a broker that cannot be reached fails before anything is written
-        recorder = RunRecorder(out_dir, config)
+        recorder = RunRecorder(out_dir, config, resume and resume.logs, resume and resume.loop.history)
         started = time.monotonic()
-        telemetry = VirtualTelemetry(fleet, registry, bus)
-        with (out_dir / "events.jsonl").open("w") as events, RoundProgress(cfg.rounds) as progress:
+        if resume is None:
+            telemetry = VirtualTelemetry(fleet, registry, bus)
+        else:
+            telemetry = resume.telemetry
+            telemetry.bus = bus
+        events_at = resume.logs["events.jsonl"] if resume else None
+        with open_log(out_dir / "events.jsonl", events_at) as events, \
+                RoundProgress(cfg.rounds, done=resume.loop.round if resume else 0) as progress:
 
             def on_round(record: RoundRecord, jobs: list[JobRecord]) -> None:
                 recorder.on_round(record, jobs)
@@ -64,9 +83,22 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS) -> 
             def main(grid: Any, context: Any) -> None:
                 from edgesched.simulations.virtual_grid import VirtualGrid
 
-                vgrid = VirtualGrid(grid, fleet, cfg, sizes, events, devices_per_round(cfg), telemetry, workers(cfg))
+                vgrid = VirtualGrid(grid, fleet, cfg, sizes, events, devices_per_round(cfg), telemetry, workers(cfg),
+                                    state=resume and resume.grid)
+
+                def save_checkpoint(loop: LoopState, scheduler: Scheduler) -> None:
+                    begun = time.perf_counter()
+                    telemetry.sync()
+                    events.flush()
+                    logs = {**recorder.offsets(), "events.jsonl": events.tell()}
+                    checkpoint.save(out_dir, Checkpoint(spec, broker, loop, scheduler, vgrid.snapshot(), fleet,
+                                                        telemetry, logs))
+                    cost["checkpoint_seconds"] += time.perf_counter() - begun
+                    cost["checkpoint_bytes"] = (out_dir / checkpoint.FILE).stat().st_size
+
+                saver = save_checkpoint if strategy in checkpoint.RESUMABLE else None
                 state["weights"], state["extra"] = run_contender(vgrid, spec, fleet, telemetry, sizes, on_round,
-                                                                 recorder)
+                                                                 recorder, saver, resume)
                 vgrid.finish()
                 state["grid"] = vgrid
 
@@ -82,7 +114,11 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS) -> 
         "device_seconds": round(state["grid"].device_seconds, 3),
         "bytes_down": state["grid"].bytes_down, "bytes_up": state["grid"].bytes_up,
         "telemetry_dropped": dict(registry.dropped), **state.get("extra", {}), **size,
+        **({"resumed_after_round": resume.loop.round} if resume else {}),
+        **({"checkpoint_seconds": round(cost["checkpoint_seconds"], 3),
+            "last_checkpoint_bytes": cost["checkpoint_bytes"]} if strategy in checkpoint.RESUMABLE else {}),
     })
+    (out_dir / checkpoint.FILE).unlink(missing_ok=True)  # the run is complete: summary.json says so
     plot_accuracy(recorder.rounds, out_dir / "accuracy_vs_time.png", virtual_time=True)
     plot_timeline(out_dir / "events.jsonl", out_dir / "timeline.png")
     return summary

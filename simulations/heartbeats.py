@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 
@@ -119,6 +119,12 @@ class VirtualTelemetry:
         self._sent: deque[tuple[float, str]] = deque()  # (virtual time, topic) of each message on the bus
         self._announced: dict[int, int] = {}  # device index -> session it has announced
         self._seq: dict[int, int] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For a checkpoint: everything but the bus, which a resumed run opens anew (`sync` first)."""
+        if self._sent:
+            raise EdgeschedError("telemetry still on the bus cannot be checkpointed; sync() first")
+        return {**self.__dict__, "bus": None}
 
     def heartbeat(self, device: VirtualDevice, now: float) -> bool:
         """The device's heartbeat tick: announce a new session if needed, then beat. False if down."""

@@ -13,9 +13,11 @@ from edgesched.results import JobRecord, RoundRecord
 class RoundProgress:
     """Context manager that shows round, accuracy, loss and elapsed time as rounds finish."""
 
-    def __init__(self, total_rounds: int, console: Console | None = None) -> None:
+    def __init__(self, total_rounds: int, console: Console | None = None, done: int = 0) -> None:
+        """`done`: rounds a resumed run had finished before it stopped."""
         self.console = console or Console(stderr=True)
         self.total = total_rounds
+        self.done = done
         self._start = time.monotonic()
         self._progress = Progress(
             SpinnerColumn(),
@@ -27,11 +29,12 @@ class RoundProgress:
             console=self.console,
             disable=not self.console.is_terminal,
         )
-        self._task = self._progress.add_task("starting the simulation engine", total=total_rounds, acc="-", loss="-")
+        self._task = self._progress.add_task("starting the simulation engine", total=total_rounds, completed=done,
+                                             acc="-", loss="-")
 
     def __enter__(self) -> RoundProgress:
         if not self.console.is_terminal:
-            self.console.print(f"starting the simulation engine; {self.total} rounds to go")
+            self.console.print(f"starting the simulation engine; {self.total - self.done} rounds to go")
         self._progress.start()
         return self
 

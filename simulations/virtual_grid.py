@@ -23,7 +23,6 @@ to events.jsonl in virtual-time order; heartbeats go through `VirtualTelemetry` 
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import time
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from edgesched.clock import Event, EventQueue
@@ -63,6 +62,7 @@ class _Flight:
     job: Job
     message: Message
     real_id: str | None  # the executor's message id; None for a job that never delivers
+    corrupt: str | None = None  # a faulty device's update: "nan" or "huge" (dynamics.bad_updates)
 
 
 class VirtualGrid(Grid):
@@ -70,7 +70,8 @@ class VirtualGrid(Grid):
 
     def __init__(self, grid: Grid, fleet: VirtualFleet, cfg: RunConfig, partition_sizes: list[int],
                  events: IO[str], per_round: int, telemetry: VirtualTelemetry | None = None,
-                 executors: int = 1) -> None:
+                 executors: int = 1, state: dict[str, Any] | None = None) -> None:
+        """`state`: a `snapshot()` to continue from (a resumed run) instead of time 0."""
         self._grid = grid
         self._fleet = fleet
         self._cfg = cfg
@@ -79,10 +80,11 @@ class VirtualGrid(Grid):
         self._per_round = per_round
         self._telemetry = telemetry
         self._rng = np.random.default_rng(cfg.seed)
+        self._faults = np.random.default_rng([cfg.seed, 0xBAD])  # its own stream: other draws never shift
         self._offer: list[int] | None = None  # this round's candidates, drawn once
         self._flights: dict[str, _Flight] = {}
         self._real: dict[str, Message] = {}  # executor replies pulled ahead of their virtual arrival
-        self._ids = itertools.count(1)
+        self._next_id = 1
         self._executors_wanted = executors
         self._executors: list[int] = []  # found at the first job: the engine registers them as it starts
         self._jobs_sent = 0
@@ -92,7 +94,9 @@ class VirtualGrid(Grid):
         self.last_replies: list[Message] = []
         self.device_seconds = 0.0
         self.bytes_down = self.bytes_up = 0  # model transfers completed, as the devices' links carried them
-        if telemetry is not None:  # every agent announces itself at start-up
+        if state is not None:
+            self._restore(state)
+        elif telemetry is not None:  # every agent announces itself at start-up
             for device in fleet.devices:
                 self.clock.schedule(0.0, "heartbeat", device=device.device_id, index=device.index)
             self.advance(0.0)  # the registry knows the fleet before the first round is planned
@@ -184,6 +188,26 @@ class VirtualGrid(Grid):
         busy = [d.busy_until for d in self._fleet.devices]
         self.advance(max([self.clock.now, *ends, *busy]))
 
+    # -- checkpoints -------------------------------------------------------------------------
+    SAVED = ("clock", "round", "device_seconds", "bytes_down", "bytes_up", "_rng", "_faults", "_offer", "_flights",
+             "_real", "_next_id")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Virtual time, the jobs on the devices' timelines and the random stream, to pickle.
+
+        The fleet and telemetry are pickled beside it by the caller. Real training still
+        running on an executor is not waited for: a resumed run trains those jobs again, from
+        the same message and seed, and gets the same weights.
+        """
+        return {name: getattr(self, name) for name in self.SAVED}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        for name in self.SAVED:
+            setattr(self, name, state[name])
+        for flight in self._flights.values():  # the executors of the stopped run are gone
+            if flight.real_id is not None and flight.real_id not in self._real:
+                flight.real_id = self._push_real(flight.message, flight.job.device)
+
     # -- jobs --------------------------------------------------------------------------------
     def _start(self, messages: list[Message], deadline: float | None) -> list[str]:
         """Put each message on its device's timeline; start real training for those that deliver."""
@@ -191,7 +215,8 @@ class VirtualGrid(Grid):
         ids = []
         real: list[tuple[str, int]] = []
         for msg in messages:
-            vid = f"v{next(self._ids)}"
+            vid = f"v{self._next_id}"
+            self._next_id += 1
             msg.metadata.__dict__["_message_id"] = vid  # as Flower's grids do on push
             index = msg.metadata.dst_node_id - 1
             cfg = msg.content[CONFIG]
@@ -200,7 +225,7 @@ class VirtualGrid(Grid):
             self.device_seconds += job.compute_spent_s
             self.bytes_down += self._fleet.model_bytes if job.ends_at >= job.compute_start else 0
             self.bytes_up += self._fleet.model_bytes if job.delivers else 0
-            flight = _Flight(job, msg, None)
+            flight = _Flight(job, msg, None, self._corruption() if job.delivers else None)
             if job.delivers and (deadline is None or job.end <= deadline):  # a reply nobody reads is not trained
                 real.append((vid, index))
             self._flights[vid] = flight
@@ -208,6 +233,13 @@ class VirtualGrid(Grid):
         for vid, index in real:
             self._flights[vid].real_id = self._push_real(self._flights[vid].message, index)
         return ids
+
+    def _corruption(self) -> str | None:
+        """Whether a delivered update arrives corrupt, and how: a faulty board's memory or build."""
+        rate = self._fleet.dyn.bad_updates
+        if rate <= 0 or self._faults.random() >= rate:
+            return None
+        return "nan" if self._faults.random() < 0.5 else "huge"
 
     def _push_real(self, msg: Message, index: int) -> str:
         """Start the job on an executor; one that refuses it (a busy engine) hands it to the next."""
@@ -254,6 +286,8 @@ class VirtualGrid(Grid):
         if real.has_error():
             return Message(real.error, reply_to=flight.message)
         content = RecordDict(dict(real.content.items()))
+        if flight.corrupt is not None:
+            content[ARRAYS] = _corrupt(flight.message.content[ARRAYS], real.content[ARRAYS], flight.corrupt)
         metrics = dict(real.content[METRICS])
         job = flight.job
         metrics["seconds"] = job.compute_s
@@ -314,3 +348,16 @@ class VirtualGrid(Grid):
 
     def create_message(self, *args: Any, **kwargs: Any) -> Message:
         return self._grid.create_message(*args, **kwargs)
+
+
+def _corrupt(sent: ArrayRecord, trained: ArrayRecord, how: str) -> ArrayRecord:
+    """A corrupt update: NaN in its first tensor, or its change to the model 100x too large."""
+    out, poisoned = {}, False
+    for key, array in trained.items():
+        base, new = sent[key].numpy(), array.numpy()
+        if how == "huge":
+            new = (base + 100 * (new - base)).astype(new.dtype)
+        elif not poisoned and np.issubdtype(new.dtype, np.floating):
+            new, poisoned = np.full_like(new, np.nan), True
+        out[key] = Array(new)
+    return ArrayRecord(out)

@@ -121,7 +121,7 @@ def test_non_finite_update_is_refused():
     s.dispatched("j", a, 0.0, None, "pi")
     assert not s.arrived("j", 1.0, [np.array([np.nan])], [np.zeros(1)], steps=1, samples=32, data_size=600,
                          compute_s=0.1, loss=1.0)
-    assert s.close_round([np.zeros(1)])[1] == 0
+    assert s.close_round([np.zeros(1)], 1.0)[1] == 0
 
 
 def test_fednova_matches_a_hand_computation():

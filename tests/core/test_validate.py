@@ -19,10 +19,18 @@ def trained(scale: float = 0.01, seed: int = 0) -> list[np.ndarray]:
     return [(b - scale * rng.standard_normal(b.shape)).astype(b.dtype) for b in BASE]
 
 
+def delta(weights: list[np.ndarray], base: list[np.ndarray] = BASE) -> list[np.ndarray]:
+    return [b - w for b, w in zip(base, weights, strict=True)]
+
+
+def size(tensors: list[np.ndarray]) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(t.astype(np.float64))) for t in tensors)))
+
+
 def warmed(config: GuardConfig | None = None) -> UpdateGuard:
     guard = UpdateGuard(config)
-    for i in range(10):
-        assert guard.check("ok", trained(seed=i), BASE, steps=1, now=0.0).reason is None
+    verdicts = guard.screen([("ok", delta(trained(seed=i)), 1) for i in range(10)], BASE, now=0.0)
+    assert all(v.reason is None for v in verdicts)
     return guard
 
 
@@ -42,20 +50,27 @@ def test_malformed_updates_are_refused_by_reason(weights, steps, reason):
 
 def test_an_absurdly_large_update_is_clipped_to_the_limit_or_refused():
     guard = warmed()
-    verdict = guard.check("d", trained(scale=1000.0), BASE, steps=1, now=0.0)
+    (verdict,) = guard.screen([("d", delta(trained(scale=1000.0)), 1)], BASE, now=0.0)
     assert verdict.reason == "clipped" and guard.clipped == 1
-    normal = np.median([np.sqrt(sum(np.sum(np.square(t)) for t in trained(seed=i))) for i in range(10)])
-    size = np.sqrt(sum(np.sum(np.square(d.astype(np.float64))) for d in verdict.delta))
-    assert size == pytest.approx(10.0 * normal, rel=1e-3)  # norm_limit x the median, not 1000x
+    normal = np.median([size(delta(trained(seed=i))) for i in range(10)])
+    assert size(verdict.delta) == pytest.approx(normal, rel=1e-3)  # as large as a typical update, not 1000x
     refusing = warmed(GuardConfig(on_large_norm="refuse"))
-    assert refusing.check("d", trained(scale=1000.0), BASE, steps=1, now=0.0).reason == "norm"
+    (verdict,) = refusing.screen([("d", delta(trained(scale=1000.0)), 1)], BASE, now=0.0)
+    assert verdict.delta is None and verdict.reason == "norm" and refusing.refused == {"norm": 1}
+
+
+def test_at_the_start_the_rounds_own_updates_are_the_yardstick():
+    guard = UpdateGuard()
+    batch = [("a", delta(trained(seed=1)), 1), ("b", delta(trained(seed=2)), 1), ("c", delta(trained(scale=50.0)), 1)]
+    verdicts = guard.screen(batch, BASE, now=0.0)
+    assert [v.reason for v in verdicts] == [None, None, "clipped"]
 
 
 def test_a_long_jobs_momentum_built_size_is_not_mistaken_for_an_attack():
     guard = warmed()
     steps = 40  # momentum 0.9: each gradient moves the weights up to 10x over the job
-    big = trained(scale=0.01 * momentum_steps(steps, 0.9))
-    assert guard.check("d", big, BASE, steps=steps, now=0.0).reason is None
+    big = delta(trained(scale=0.01 * momentum_steps(steps, 0.9)))
+    assert guard.screen([("d", big, steps)], BASE, now=0.0)[0].reason is None
 
 
 def test_three_refusals_within_the_window_quarantine_a_device_for_a_while():
@@ -81,7 +96,7 @@ def test_the_scheduler_gives_no_work_to_a_quarantined_device_and_never_aggregate
             weights = trained(seed=rnd) if a.device == "good" else [np.full_like(b, np.inf) for b in BASE]
             s.arrived(f"{rnd}-{a.device}", now + 1, weights, BASE, steps=a.steps, samples=a.samples, data_size=600,
                       compute_s=0.5, loss=1.0)
-        new, used = s.close_round(BASE)
+        new, used = s.close_round(BASE, now + 1)
         assert used == 1 and all(np.all(np.isfinite(w)) for w in new)
         now += 10
     assert [e["device"] for e in s.log if e["kind"] == "quarantine"] == ["bad"]
@@ -100,3 +115,12 @@ def test_robust_aggregation_ignores_one_wild_update_that_fednova_follows():
     for method in ("median", "trimmed-mean"):
         (step,), _ = fednova([*good, wild], momentum=0.0, exponent=0.5, robust=method)
         np.testing.assert_allclose(step, [1.0, 1.0])
+
+
+def test_with_no_yardstick_no_update_may_move_the_model_further_than_its_own_size():
+    base = [np.ones((4, 3), dtype=np.float32), np.ones(3, dtype=np.float32)]
+    guard = UpdateGuard()
+    (verdict,) = guard.screen([("d", [np.full_like(b, 1000.0) for b in base], 1)], base, now=0.0)
+    assert verdict.reason == "clipped"
+    assert size(verdict.delta) == pytest.approx(np.sqrt(15.0), rel=1e-4)  # the norm of the model itself
+    assert guard.screen([("d", [np.full_like(b, 0.01) for b in base], 1)], base, now=0.0)[0].reason is None

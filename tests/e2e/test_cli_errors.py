@@ -69,8 +69,9 @@ def test_agent_bad_input_is_one_clear_line(args, says):
     ("args", "says"),
     [
         (["--fleet", "garage-3"], "fleet file garage-3 not found; shipped fleets:"),
-        (["--dropout", "0.2"], "--dropout and --broker need --fleet"),
-        (["--broker", "embedded"], "--dropout and --broker need --fleet"),
+        (["--dropout", "0.2"], "--dropout, --bad-updates and --broker need --fleet"),
+        (["--broker", "embedded"], "--dropout, --bad-updates and --broker need --fleet"),
+        (["--fleet", "lab-20", "--bad-updates", "1.5"], "--bad-updates must be in [0, 1]"),
         (["--fleet", "lab-20", "--strategy", "oort"], "strategy: choose one of fedavg, fedprox, deadline, fedbuff, "
                                                       "edgesched, edgesched-no-prediction"),
         (["--strategy", "oort"], "strategy: choose one of fedavg, fedprox,"),
@@ -82,6 +83,30 @@ def test_agent_bad_input_is_one_clear_line(args, says):
 )
 def test_fleet_bad_input_is_one_clear_line(args, says):
     result = _run("simulate", *args)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setup", "extra", "says"),
+    [
+        ("missing", [], "no run directory"),
+        ("empty", [], "no checkpoint (only the adaptive scheduler's strategies write one"),
+        ("finished", [], "holds a finished run: nothing to resume"),
+        ("garbage", [], "checkpoint.pkl: not a readable checkpoint"),
+        ("empty", ["--seed", "3"], "--resume continues the run with its own settings; drop --seed"),
+    ],
+)
+def test_resume_bad_input_is_one_clear_line(tmp_path, setup, extra, says):
+    run_dir = tmp_path / "run"
+    if setup != "missing":
+        run_dir.mkdir()
+    if setup == "finished":
+        (run_dir / "summary.json").write_text("{}")
+    if setup == "garbage":
+        (run_dir / "checkpoint.pkl").write_bytes(b"not a pickle")
+    result = _run("simulate", "--resume", str(run_dir), *extra)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr

@@ -6,6 +6,7 @@ it), so this checks per-client ConfigRecords and the device-id <-> node-id link 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from flwr.app import Array
 from flwr.supercore.task_identity import TaskIdentity
 
 from edgesched.config import RunConfig
+from edgesched.errors import ConfigError
 from edgesched.registry import DeviceRegistry, RegistryConfig
 from edgesched.server.federation import run_federation
 from edgesched.server.gateway import run_adaptive
@@ -146,3 +148,30 @@ def test_bad_replies_are_refused_counted_and_their_device_quarantined(tmp_path, 
     later = [e for e in result.decisions if e["kind"] == "plan" and e["round"] > 3 and e["device"] == "node-303"]
     assert later and all(e["reason"] == "quarantined" for e in later)
     assert [r.round for r in rounds] == [1, 2, 3, 4, 5] and rounds[-1].accuracy > 0.5
+
+
+class PowerCut(Exception):
+    pass
+
+
+def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+    cfg = RunConfig(dataset="digits", clients=3, rounds=4, lr=0.05, strategy="edgesched", min_deadline=0.01,
+                    checkpoint_dir=str(tmp_path)).resolved()
+    nodes = {node: {"device-id": device} for node, device in NODES.items()}
+
+    def cut_at_round_3(record, jobs):
+        if record.round == 3:
+            raise PowerCut
+
+    with pytest.raises(PowerCut):
+        run_adaptive(LocalGrid(nodes), cfg, cut_at_round_3)
+    with pytest.raises(ConfigError, match="holds a checkpoint of another run"):
+        run_adaptive(LocalGrid(nodes), dataclasses.replace(cfg, lr=0.1), cut_at_round_3)
+    rounds = []
+    result = run_adaptive(LocalGrid(nodes), cfg, lambda record, jobs: rounds.append(record))
+    assert [r.round for r in rounds] == [3, 4]  # round 2's checkpoint was the last one written
+    assert max(e["round"] for e in result.decisions if e["kind"] == "round") == 4
+    assert [e["round"] for e in result.decisions if e["kind"] == "round"][:2] == [1, 2]  # the log goes on
+    assert rounds[-1].accuracy > 0.5
+    assert not (tmp_path / "gateway-checkpoint.pkl").exists()
