@@ -151,10 +151,14 @@ class RegistryListener:
     def _on_subscribe(self, client: mqtt.Client, userdata: object, mid: int, reasons: list, props: object) -> None:
         if not any(getattr(r, "is_failure", False) for r in reasons):
             self._connected.set()  # receiving from now on: only after the broker acknowledged
+            with self._lock:
+                self.registry.regained_sight(self._clock())
 
     def _on_disconnect(self, client: mqtt.Client, userdata: object, flags: object, reason: object,
                        props: object) -> None:
         self._connected.clear()
+        with self._lock:
+            self.registry.lost_sight(self._clock())
 
     def _on_message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         with self._lock:

@@ -6,11 +6,18 @@ refused message is dropped and counted under a reason; nothing a device sends ca
 
 Liveness: a device is online after a retained "online" status or a heartbeat, and offline at
 once on an "offline" status (clean exit or the broker's Last Will), or when no heartbeat came
-for `timeout_intervals` heartbeat intervals.
+for `timeout_intervals` heartbeat intervals. Silence is the device's fault only while the
+gateway can hear: while its broker connection is down (`lost_sight` .. `regained_sight`) no
+device times out — those alive when the outage began stay online on their last-known state,
+marked `stale` — and after it each gets a fresh timeout to be heard again. A broker that is
+shut down sends every connected device's Last Will first; an "offline" status that arrived in
+the `shutdown_window_s` before the gateway lost the broker is taken for that, not for the
+device's death, and the device is judged by its heartbeats instead.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +36,7 @@ class RegistryConfig:
     burst: float = 10.0  # messages a device may send at once (a reconnect sends three)
     history: int = 120  # heartbeats kept per device
     max_devices: int = 100_000
+    shutdown_window_s: float = 2.0  # Last Wills this soon before losing the broker are its shutdown's
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval <= 0 or self.timeout_intervals < 1:
@@ -50,6 +58,7 @@ class DeviceState:
     capabilities: Capabilities | None
     node_id: int | None
     offline_reason: str | None  # "status", "timeout" or None while online
+    stale: bool = False  # online on its last-known state: nothing heard for longer than the timeout
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class RegistrySnapshot:
 @dataclass
 class _Device:
     status: Status | None = None
+    status_at: float | None = None
     capabilities: Capabilities | None = None
     last_seen: float | None = None
     last_key: tuple[int, int] = (-1, -1)  # (session, seq) of the newest heartbeat
@@ -85,6 +95,16 @@ class DeviceRegistry:
         self.dropped: Counter[str] = Counter()
         self.accepted = 0
         self._devices: dict[str, _Device] = {}
+        self._outage: tuple[float, float] | None = None  # the last span without a broker (end inf: still)
+
+    def lost_sight(self, now: float) -> None:
+        """The gateway's broker connection dropped: silence from now on is not the devices'."""
+        if self._outage is None or self._outage[1] != math.inf:
+            self._outage = (now, math.inf)
+
+    def regained_sight(self, now: float) -> None:
+        if self._outage is not None and self._outage[1] == math.inf:
+            self._outage = (self._outage[0], now)
 
     def ingest(self, topic: str, payload: bytes, now: float) -> str | None:
         """Apply one message; return None if accepted, else the reason it was dropped."""
@@ -131,6 +151,7 @@ class DeviceRegistry:
             self._heartbeat(device, message, now)
         elif isinstance(message, Status):
             self._status(device, message)
+            device.status_at = now
         else:
             device.capabilities = message
         self._devices[device_id] = device
@@ -167,11 +188,11 @@ class DeviceRegistry:
 
     def _state(self, device_id: str, d: _Device, now: float) -> DeviceState:
         reason = None
-        if d.status is not None and d.status.state == "offline":
+        if d.status is not None and d.status.state == "offline" and not self._shutdown_will(d):
             reason = "status"
         elif d.last_seen is None and d.status is None:
             reason = "never_seen"
-        elif d.last_seen is not None and now - d.last_seen > self.config.timeout:
+        elif d.last_seen is not None and self._silent_s(d.last_seen, now) > self.config.timeout:
             reason = "timeout"
         return DeviceState(
             device_id=device_id,
@@ -181,4 +202,17 @@ class DeviceRegistry:
             capabilities=d.capabilities,
             node_id=d.node_id,
             offline_reason=reason,
+            stale=reason is None and d.last_seen is not None and now - d.last_seen > self.config.timeout,
         )
+
+    def _shutdown_will(self, d: _Device) -> bool:
+        """An offline status that came just before the gateway lost the broker: the broker's shutdown."""
+        return self._outage is not None and d.status_at is not None and d.last_seen is not None \
+            and self._outage[0] - self.config.shutdown_window_s <= d.status_at <= self._outage[0]
+
+    def _silent_s(self, last_seen: float, now: float) -> float:
+        """Seconds of silence held against a device: none of an outage it was alive at the start of."""
+        if self._outage is None or last_seen + self.config.timeout < self._outage[0]:  # none, or gone before it
+            return now - last_seen
+        end = self._outage[1]
+        return 0.0 if now < end else now - max(last_seen, end)

@@ -154,3 +154,30 @@ def test_telemetry_error_carries_its_reason():
     with pytest.raises(TelemetryError) as info:
         heartbeat(cpu_percent=-1)
     assert info.value.reason == "out_of_range"
+
+
+def test_while_the_broker_is_out_of_reach_devices_stay_on_their_last_known_state():
+    reg = DeviceRegistry(RegistryConfig(heartbeat_interval=5.0))  # timeout 12.5 s
+    reg.ingest(hb_topic("alive"), heartbeat("alive", sent_at=98.0).to_json(), 98.0)
+    reg.ingest(hb_topic("gone"), heartbeat("gone", sent_at=50.0).to_json(), 50.0)
+    reg.lost_sight(100.0)
+    during = reg.snapshot(108.0 + 20)  # long past the timeout, still out of reach
+    assert during.devices["alive"].online and during.devices["alive"].stale
+    assert not during.devices["gone"].online  # it had timed out before the outage
+    reg.regained_sight(130.0)
+    assert reg.snapshot(140.0).devices["alive"].online  # a fresh timeout to be heard again
+    assert reg.snapshot(143.0).devices["alive"].offline_reason == "timeout"
+    reg.ingest(hb_topic("alive"), heartbeat("alive", seq=2, sent_at=141.0).to_json(), 141.0)
+    fresh = reg.snapshot(143.0).devices["alive"]
+    assert fresh.online and not fresh.stale
+
+
+def test_last_wills_sent_by_a_broker_shutting_down_do_not_take_the_fleet_offline():
+    reg = DeviceRegistry(RegistryConfig(heartbeat_interval=5.0))
+    for device in ("a", "b"):
+        reg.ingest(hb_topic(device), heartbeat(device, sent_at=98.0).to_json(), 98.0)
+    reg.ingest(*status("a", "offline"), 99.5)  # the broker's shutdown: wills, then the link drops
+    reg.ingest(*status("b", "offline"), 95.0)  # b died for real, well before
+    reg.lost_sight(100.0)
+    devices = reg.snapshot(105.0).devices
+    assert devices["a"].online and not devices["b"].online

@@ -207,3 +207,20 @@ def test_the_gateway_default_is_the_embedded_broker_on_loopback(agents):
     with open_telemetry(RunConfig(heartbeat_interval=0.3)) as listener:
         agents(f"mqtt://127.0.0.1:{EMBEDDED_PORT}", "pi-default")
         wait_until(_online_with_beats(listener, "pi-default"), 15, "pi-default online via the embedded broker")
+
+
+@pytest.mark.parametrize("broker", ["mosquitto"], indirect=True)
+def test_a_broker_down_for_10_s_leaves_the_fleet_on_its_last_known_state(broker, listen, agents):
+    listener = listen(broker.url, heartbeat_interval=0.3)  # devices time out after 0.75 s of silence
+    proc = agents(broker.url, "pi-outage")
+    wait_until(_online_with_beats(listener, "pi-outage"), 15, "pi-outage online")
+    broker.stop()
+    wait_until(lambda: not listener.connected, 5, "the gateway noticing the broker is gone")
+    time.sleep(10.0)
+    during = _device(listener, "pi-outage")
+    assert during.online and during.stale  # still schedulable, on what was last heard
+    before = during.heartbeat.seq
+    broker.start()
+    wait_until(lambda: _device(listener, "pi-outage").heartbeat.seq > before, 30, "heartbeats after the outage")
+    after = _device(listener, "pi-outage")
+    assert after.online and not after.stale and proc.poll() is None
