@@ -163,6 +163,18 @@ def _run_dir(runs_dir: Path, fleet: str, dropout: float, strategy: str, seed: in
     return runs_dir / fleet / f"dropout{round(100 * dropout)}" / strategy / f"seed{seed}"
 
 
+def collect(runs_dir: Path) -> list[dict[str, Any]]:
+    """The rows of every finished run under `runs_dir` (FLEET/dropoutN/STRATEGY/seedK)."""
+    rows = []
+    for summary in sorted(runs_dir.glob("*/dropout*/*/seed*/summary.json")):
+        out = summary.parent
+        fleet, dropout, strategy = out.parts[-4], int(out.parts[-3].removeprefix("dropout")) / 100, out.parts[-2]
+        if strategy in CONTENDERS:
+            rows.append(row(fleet, dropout, strategy, int(out.name.removeprefix("seed")),
+                            json.loads(summary.read_text()), out))
+    return rows
+
+
 def write_docs(text: str, doc: Path) -> None:
     """Replace the generated section of docs/benchmarks.md (between its markers)."""
     body = doc.read_text()
@@ -184,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", type=Path, help="the data set's folder (hapt-30 needs the one holding "
                         "hapt_raw_by_user.npz)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-contenders"), help="run directories")
-    parser.add_argument("--docs", action="store_true", help="write the table and plots into docs/")
+    parser.add_argument("--docs", action="store_true", help="write the table and plots of every finished run "
+                        "under --out into docs/")
     args = parser.parse_args(argv)
     if args.quick:
         args.fleets, args.dropouts, args.seeds, args.rounds = ["lab-20"], [0.3], [0], 1
@@ -200,9 +213,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{i}/{len(plan)}] {fleet} dropout {dropout:.0%} {strategy} seed {seed}: "
               f"final {rows[-1]['final_accuracy']:.2%}; {times} ({time.monotonic() - started:.0f} s)", flush=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
-    text = table(rows)
-    print(text)
-    if args.docs:
+    print(table(rows))
+    if args.docs:  # every finished run under --out, from this and earlier invocations
+        rows = collect(args.out)
+        text = table(rows)
         plots = plot(rows, args.out, DOCS)
         write_docs(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n", DOCS / "benchmarks.md")
 

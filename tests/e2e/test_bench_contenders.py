@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from edgesched.config import STRATEGIES
-from edgesched.simulations.bench_contenders import row, table, write_docs
+from edgesched.simulations.bench_contenders import collect, row, table, write_docs
 
 
 def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
@@ -60,3 +60,15 @@ def test_docs_are_rewritten_only_between_the_markers(tmp_path):
     doc.write_text("intro\n<!-- contenders:start -->\nold\n<!-- contenders:end -->\noutro\n")
     write_docs("new table", doc)
     assert doc.read_text() == "intro\n<!-- contenders:start -->\nnew table\n<!-- contenders:end -->\noutro\n"
+
+
+def test_docs_collect_every_finished_run_under_the_runs_folder(tmp_path):
+    for fleet, dropout, strategy, seed in (("f", 30, "fedavg", 0), ("f", 30, "edgesched", 1), ("g", 0, "oracle", 2)):
+        out = tmp_path / fleet / f"dropout{dropout}" / strategy / f"seed{seed}"
+        out.mkdir(parents=True)
+        (out / "rounds.csv").write_text("round,accuracy,virtual_seconds\n1,0.9,10\n")
+        (out / "summary.json").write_text(json.dumps(_row(strategy, seed, 10.0)))
+    (tmp_path / "f" / "dropout30" / "fedavg" / "seed1").mkdir()  # unfinished: no summary
+    rows = collect(tmp_path)
+    assert [(r["fleet"], r["dropout"], r["strategy"], r["seed"]) for r in rows] == [
+        ("f", 0.3, "edgesched", 1), ("f", 0.3, "fedavg", 0), ("g", 0.0, "oracle", 2)]
