@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[simulation,broker,dev]'
+	$(BIN)/pip install --quiet -e '.[simulation,broker,onnx,dev]'
 	$(BIN)/pip install --quiet --no-deps amqtt==0.12.1
 	touch $@
 

@@ -45,8 +45,16 @@ def train_job(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_job(msg: Message, context: Context) -> Message:
+    """Score the global model on the partition; with node config `evaluate-with=onnxruntime`, the
+    way the board will run it once shipped (the ONNX export, in onnxruntime)."""
     job, model, x, y = _prepare(msg, context)
-    loss, accuracy = evaluate(model, x, y)
+    if context.node_config.get("evaluate-with", "torch") == "onnxruntime":
+        from edgesched.export import evaluate_onnx, to_onnx
+
+        onnx = to_onnx(str(job["dataset"]), {k: v.detach().numpy() for k, v in model.state_dict().items()})
+        loss, accuracy = evaluate_onnx(onnx, x, y)
+    else:
+        loss, accuracy = evaluate(model, x, y)
     metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), "loss": loss, "accuracy": accuracy}
     return _reply(msg, context, None, metrics)
 

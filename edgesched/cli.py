@@ -177,6 +177,49 @@ def _report(spec: FleetSpec, out_dir: Path, summary: dict) -> None:
 
 
 @app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory (it holds model.npz and config.json).")],
+    onnx: Annotated[bool, Opt("--onnx", help="Write the global model as ONNX (the only format so far).")] = False,
+    out: Annotated[Path | None, Opt(help="Where to write it. Default: RUN_DIR/model.onnx.")] = None,
+) -> None:
+    """Export a run's global model for inference: `edgesched export --onnx runs/RUN`.
+
+    The ONNX file (opset 17, dynamic batch, input `x`, output `logits`) runs in onnxruntime on
+    boards without torch. It is checked before it is written: evaluated with onnxruntime on the
+    data set's test split, its accuracy must match the torch model's.
+    """
+    import json
+
+    import numpy as np
+
+    from edgesched import data
+    from edgesched.export import evaluate_onnx, to_onnx
+    from edgesched.models import build_model
+    from edgesched.training import scorer
+
+    if not onnx:
+        raise ConfigError("say which format: --onnx")
+    for needed in ("config.json", "model.npz"):
+        if not (run_dir / needed).is_file():
+            raise ConfigError(f"{run_dir}: no {needed}; export needs a finished run directory")
+    config = json.loads((run_dir / "config.json").read_text())
+    dataset = config.get("dataset")
+    with np.load(run_dir / "model.npz") as saved:
+        weights = {k: saved[k] for k in saved.files}
+    model_bytes = to_onnx(dataset, weights)
+    test = data.load(dataset, config.get("data-dir"))
+    torch_loss, torch_acc = scorer(build_model(dataset), test.x_test, test.y_test)(list(weights.values()))
+    onnx_loss, onnx_acc = evaluate_onnx(model_bytes, test.x_test, test.y_test)
+    if abs(onnx_acc - torch_acc) > 1e-4 or abs(onnx_loss - torch_loss) > 1e-4 * max(1.0, torch_loss):
+        raise EdgeschedError(f"the ONNX export scores {onnx_acc:.4%} / loss {onnx_loss:.5f} where torch scores "
+                             f"{torch_acc:.4%} / {torch_loss:.5f}; not written")
+    target = out or run_dir / "model.onnx"
+    target.write_bytes(model_bytes)
+    typer.echo(f"wrote {target} ({len(model_bytes) / 1e6:.2f} MB); onnxruntime test accuracy {onnx_acc:.2%}, "
+               f"same as torch")
+
+
+@app.command()
 def agent(
     broker: Annotated[str, Opt(help="The gateway's broker: mqtt://host:port, or mqtts://host:port for TLS.")],
     device_id: Annotated[str, Opt(help="This device's id (letters, digits, _ . -); the same as its SuperNode's "
