@@ -53,7 +53,8 @@ class RunConfig:
     seed: int = 0
     round_timeout: float = 600.0
     client_cpus: float = 1.0
-    broker: str = "embedded"  # "embedded" (loopback, port 1883), "none", or mqtt[s]://host:port
+    broker: str = "embedded"  # "embedded" (loopback, port 1883), "none", or mqtt[s]://[user@]host:port
+    broker_ca_file: str | None = None  # the CA that signed an mqtts:// broker's certificate
     fleet: str = "default"
     heartbeat_interval: float = 5.0
     # The adaptive scheduler (strategy "edgesched"); docs/scheduler.md explains each knob.
@@ -75,6 +76,7 @@ class RunConfig:
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
     checkpoint_dir: str | None = None  # gateway: checkpoint every round here; a restart with it resumes
+    out_dir: str | None = None  # gateway: write the run directory (model.npz, rounds.csv, ...) here
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:

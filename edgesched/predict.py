@@ -30,6 +30,11 @@ class PredictorConfig:
     quantile_z: float = 1.28  # the planner's quantile: 1.28 = 90 %
     prior_log_sd: float = 0.7  # spread of a device never observed (a factor of ~2)
     min_log_sd: float = 0.05
+    # A first job far off its prior (a deployed ClientApp's ~20 s process start against a 0.3 s
+    # prior) would otherwise put the spread at e^4 and the 90 % quantile at 280x the mean: every
+    # device "too slow" for any deadline, never given the job that would correct it. 1.0 keeps
+    # the quantile within 3.6x of the mean while the mean itself learns.
+    max_log_sd: float = 1.0
     learn: bool = True  # False: class priors only; neither jobs nor reported speeds teach (an ablation)
 
 
@@ -107,7 +112,7 @@ class Predictor:
             rtt = (hb.rtt_ms or 0.0) / 1000.0 if hb is not None else 0.0
             transfer = 2 * (rtt + self.model_bytes / (kbps * 1000.0))
         sd = math.sqrt(learned.err_var) if learned.err_var is not None else c.prior_log_sd
-        return Prediction(sps * self.slowdown(device, hb), transfer, max(sd, c.min_log_sd))
+        return Prediction(sps * self.slowdown(device, hb), transfer, min(max(sd, c.min_log_sd), c.max_log_sd))
 
     def observe(self, device: str, predicted: Prediction, samples: int, compute_s: float, total_s: float,
                 factor: float) -> float:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from edgesched.config import GATEWAY_STRATEGIES, RunConfig
 from edgesched.errors import ConfigError
-from edgesched.results import JobRecord, RoundRecord
+from edgesched.results import JobRecord, RoundRecord, RunRecorder
 from edgesched.server.federation import FederationResult, RoundCallback, run_federation
 from edgesched.server.gateway import run_adaptive
 from edgesched.server.telemetry import open_telemetry
@@ -39,8 +40,19 @@ def make_server_app(
             raise ConfigError(f"strategy {cfg.strategy!r} is a baseline of the fleet simulator (edgesched "
                               f"simulate --fleet); a gateway runs {' or '.join(GATEWAY_STRATEGIES)}")
         run = run_adaptive if cfg.strategy == "edgesched" else run_federation
+        recorder = RunRecorder(Path(cfg.out_dir), cfg.to_mapping()) if cfg.out_dir else None
+
+        def record(rnd: RoundRecord, jobs: list[JobRecord]) -> None:
+            on_round(rnd, jobs)
+            if recorder is not None:
+                recorder.on_round(rnd, jobs)
+
         with open_telemetry(cfg) as telemetry:
-            result = run(grid, cfg, on_round, telemetry)
+            result = run(grid, cfg, record, telemetry)
+        if recorder is not None:
+            recorder.write_decisions(result.decisions)
+            recorder.finish(result.weights, {"dataset": cfg.dataset, "clients": cfg.clients, "strategy": cfg.strategy})
+            log.info("results in %s", cfg.out_dir)
         if on_done is not None:
             on_done(result)
 

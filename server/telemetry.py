@@ -17,7 +17,10 @@ CONNECT_TIMEOUT = 15.0
 
 @contextmanager
 def open_telemetry(cfg: RunConfig) -> Iterator[RegistryListener | None]:
-    """Yield a connected listener for `cfg.broker`, or None when the run has no telemetry."""
+    """Yield a connected listener for `cfg.broker`, or None when the run has no telemetry.
+
+    An mqtts:// broker is checked against `broker-ca-file`; the user name comes in the URL
+    (mqtts://gateway@host:8883), the password from EDGESCHED_MQTT_PASSWORD."""
     if cfg.broker == NONE:
         yield None
         return
@@ -26,6 +29,6 @@ def open_telemetry(cfg: RunConfig) -> Iterator[RegistryListener | None]:
         if url == EMBEDDED:
             url = stack.enter_context(EmbeddedBroker(port=EMBEDDED_PORT)).url
         registry = DeviceRegistry(RegistryConfig(fleet=cfg.fleet, heartbeat_interval=cfg.heartbeat_interval))
-        listener = stack.enter_context(RegistryListener(registry, BrokerURL.parse(url)))
+        listener = stack.enter_context(RegistryListener(registry, BrokerURL.parse(url), ca_file=cfg.broker_ca_file))
         listener.wait_connected(CONNECT_TIMEOUT)
         yield listener

@@ -220,3 +220,20 @@ def test_a_predictor_that_does_not_learn_keeps_its_prior():
     assert errors[-1] == errors[0] < -0.3  # as surprised as at first: the device is 4x slower than its class
     fast = hb("d", 0.0, train_samples_per_s=10_000.0)  # a reported speed is ignored too
     assert p.predict("d", fast, "pi").seconds_per_sample == pytest.approx(0.001)
+
+
+def test_one_job_far_off_its_prior_does_not_make_every_device_too_slow():
+    # A deployed ClientApp pays ~20 s of process start per job; the priors know only compute.
+    s = Scheduler(SchedulerConfig(PlanConfig(target_updates=2, max_deadline_s=120.0)),
+                  Predictor(4 * 15, {"pi": 0.0005}))
+    views = [DeviceView(f"d{i}", 600, None, "pi") for i in range(3)]
+    s.start_round(1)
+    for a in s.plan(1, 0.0, views):
+        s.dispatched(a.device, a, 0.0, None, "pi")
+        s.arrived(a.device, 25.0, [np.zeros(1, np.float32)], [np.zeros(1, np.float32)], steps=a.steps,
+                  samples=a.samples, data_size=600, compute_s=0.4, loss=1.0)
+    s.close_round([np.zeros(1, np.float32)], 25.0)
+    s.start_round(2)
+    again = s.plan(2, 30.0, views)
+    assert len(again) >= 2 and all(a.staleness == 0 for a in again)
+    assert s.deadline < 120.0  # a deadline from the learned ~25 s, not the round timeout

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from edgesched.broker import EmbeddedBroker, free_port
 
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
 
@@ -84,6 +85,17 @@ class Embedded:
         self.stop()
         time.sleep(down_seconds)
         self.start()
+
+
+def shipped_config(folder: Path) -> str:
+    """deploy/mosquitto/mosquitto.conf with its folder and port pointed at the test's, and a test CA."""
+    text = (DEPLOY / "mosquitto.conf").read_text().replace("/etc/mosquitto/conf.d/edgesched/", f"{folder}/")
+    keep = [line for line in text.splitlines() if not line.startswith(("listener ", "persistence"))]
+    (folder / "edgesched.acl").write_text((DEPLOY / "edgesched.acl").read_text())
+    certs = make_test_ca(folder)
+    for name, key in (("ca.crt", "ca"), ("server.crt", "cert"), ("server.key", "key")):
+        certs[key].rename(folder / name)
+    return "\n".join(keep) + "\n"
 
 
 def password_file(folder: Path, users: dict[str, str]) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -14,7 +13,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgesched.telemetry import job_report_path, topic, write_job_report
 
 from ..core.heartbeats import heartbeat
-from .brokers import make_test_ca, password_file
+from .brokers import make_test_ca, password_file, shipped_config
 from .conftest import KEEPALIVE, wait_until
 
 pytestmark = pytest.mark.slow
@@ -130,24 +129,10 @@ def test_registry_refuses_a_payload_naming_another_device(broker, listen):
         rogue.disconnect()
 
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
-
-
-def _shipped_config(folder: Path) -> str:
-    """deploy/mosquitto/mosquitto.conf with its folder and port pointed at the test's."""
-    text = (DEPLOY / "mosquitto.conf").read_text().replace("/etc/mosquitto/conf.d/edgesched/", f"{folder}/")
-    keep = [line for line in text.splitlines() if not line.startswith(("listener ", "persistence"))]
-    (folder / "edgesched.acl").write_text((DEPLOY / "edgesched.acl").read_text())
-    certs = make_test_ca(folder)
-    for name, key in (("ca.crt", "ca"), ("server.crt", "cert"), ("server.key", "key")):
-        certs[key].rename(folder / name)
-    return "\n".join(keep) + "\n"
-
-
 def test_shipped_config_tls_passwords_and_acl(mosquitto_factory, listen, agents, tmp_path):
     """A device may publish only under its own id; the broker drops anything else."""
     password_file(tmp_path, {"gateway": "gw-secret", "pi-a": "a-secret"})
-    server = mosquitto_factory(_shipped_config(tmp_path), tls=True)
+    server = mosquitto_factory(shipped_config(tmp_path), tls=True)
     ca = str(tmp_path / "ca.crt")
     listener = listen(server.url, username="gateway", password="gw-secret", ca_file=ca)
     agents(server.url, "pi-a", "--username", "pi-a", "--ca-file", ca, password="a-secret")
