@@ -9,12 +9,12 @@ BIN := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: simulate test setup data mosquitto
+.PHONY: simulate test setup data mosquitto shellcheck
 
 simulate: setup data
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/edgesched simulate $(ARGS)
 
-test: setup data mosquitto
+test: setup data mosquitto shellcheck
 	$(BIN)/ruff check .
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/pytest $(PYTEST_ARGS)
 
@@ -42,3 +42,10 @@ mosquitto:
 	elif command -v apt-get >/dev/null; then \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mosquitto; \
 	else echo "mosquitto is not installed: the MQTT tests against it will be skipped"; fi
+
+# The deployment scripts are checked with shellcheck (tests/deploy).
+shellcheck:
+	@if command -v shellcheck >/dev/null; then :; \
+	elif command -v apt-get >/dev/null; then \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck; \
+	else echo "shellcheck is not installed: the deployment scripts' lint test will be skipped"; fi

@@ -1,0 +1,102 @@
+"""The deployment files: systemd units that systemd accepts, scripts that shellcheck accepts, an
+install script whose dry run passes here, and a device enrolled end to end with make-certs.sh."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+from edgesched.mqtt import BrokerURL, RegistryListener
+from edgesched.registry import DeviceRegistry, RegistryConfig
+
+from ..mqtt.brokers import DEPLOY as MOSQUITTO_CONF
+from ..mqtt.brokers import MOSQUITTO, Mosquitto
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SCRIPTS = sorted(DEPLOY.rglob("*.sh"))
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("host", ["gateway", "device"])
+def test_systemd_finds_no_bad_setting_in_any_unit(host, tmp_path):
+    units = sorted((DEPLOY / host).glob("*.service"))
+    if any("/usr/sbin/mosquitto" in u.read_text() for u in units) and not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed")
+    copies = []
+    for unit in units:  # installed, they run edgesched from /opt/edgesched/venv; here, from this venv
+        copy = tmp_path / unit.name.replace("@.", "@lab.")
+        copy.write_text(unit.read_text().replace("/opt/edgesched/venv/bin", str(VENV_BIN)))
+        copies.append(str(copy))
+    done = subprocess.run(["systemd-analyze", "verify", *copies], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed (make test installs it)")
+def test_shellcheck_is_clean_on_every_script():
+    done = subprocess.run(["shellcheck", *map(str, SCRIPTS)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout
+
+
+def test_the_install_scripts_dry_run_passes_here_and_says_what_it_would_do():
+    install = DEPLOY / "device" / "install.sh"
+    done = subprocess.run(["bash", str(install), "--dry-run", "--board", "rpi"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install torch==2.13.0" in done.stdout
+    assert "systemctl enable --now flower-supernode.service edgesched-agent.service" in done.stdout
+    jetson = subprocess.run(["bash", str(install), "--dry-run", "--board", "jetson"], capture_output=True, text=True,
+                            timeout=60)
+    assert jetson.returncode == 1 and "needs --torch-index" in jetson.stderr
+
+
+@pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")
+def test_make_certs_enrols_a_device_that_the_shipped_broker_then_admits(tmp_path):
+    certs = tmp_path / "certs"
+    script = DEPLOY / "make-certs.sh"
+    for args in (["ca"], ["gateway", "localhost"], ["device", "pi-07"]):
+        done = subprocess.run(["bash", str(script), "--dir", str(certs), *args], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+    again = subprocess.run(["bash", str(script), "--dir", str(certs), "device", "pi-07"], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 1 and "already enrolled" in again.stderr
+    bundle = certs / "devices" / "pi-07"
+    key = load_ssh_private_key((bundle / "supernode.key").read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)  # what flower-supernode --auth-supernode-private-key takes
+    env = dict(line.split("=", 1) for line in (bundle / "device.env").read_text().splitlines())
+    assert env["DEVICE_ID"] == "pi-07" and env["GATEWAY"] == "localhost"
+
+    # The shipped Mosquitto config with these certificates and logins admits the enrolled board.
+    conf = (MOSQUITTO_CONF / "mosquitto.conf").read_text().replace("/etc/mosquitto/conf.d/edgesched/", f"{certs}/")
+    conf = conf.replace(f"{certs}/server.", f"{certs}/gateway.").replace(f"{certs}/edgesched.acl",
+                                                                           str(MOSQUITTO_CONF / "edgesched.acl"))
+    keep = "\n".join(line for line in conf.splitlines() if not line.startswith(("listener ", "persistence")))
+    broker = Mosquitto(tmp_path, keep + "\n", tls=True).start()
+    registry = DeviceRegistry(RegistryConfig(heartbeat_interval=0.3))
+    url = BrokerURL.parse(broker.url, "gateway", (certs / "gateway.password").read_text().strip())
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "edgesched", "agent", "--broker", broker.url, "--device-id", "pi-07", "--username",
+         "pi-07", "--ca-file", str(bundle / "ca.crt"), "--interval", "0.3"],
+        env={**os.environ, "EDGESCHED_MQTT_PASSWORD": env["EDGESCHED_MQTT_PASSWORD"],
+             "EDGESCHED_STATE_DIR": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with RegistryListener(registry, url, ca_file=str(certs / "ca.crt")) as listener:
+            listener.wait_connected(10)
+            deadline = time.monotonic() + 20
+            while not (listener.snapshot().devices.get("pi-07") and listener.snapshot().devices["pi-07"].heartbeat):
+                assert time.monotonic() < deadline, "the enrolled board never got through"
+                time.sleep(0.1)
+    finally:
+        agent.kill()
+        agent.wait(timeout=10)
+        broker.stop()
