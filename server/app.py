@@ -14,7 +14,7 @@ from edgesched.config import GATEWAY_STRATEGIES, RunConfig
 from edgesched.errors import ConfigError
 from edgesched.results import JobRecord, RoundRecord, RunRecorder
 from edgesched.server.federation import FederationResult, RoundCallback, run_federation
-from edgesched.server.gateway import run_adaptive
+from edgesched.server.gateway import run_adaptive, saved_run
 from edgesched.server.telemetry import open_telemetry
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,11 @@ def make_server_app(
         if cfg.strategy not in GATEWAY_STRATEGIES:
             raise ConfigError(f"strategy {cfg.strategy!r} is a baseline of the fleet simulator (edgesched "
                               f"simulate --fleet); a gateway runs {' or '.join(GATEWAY_STRATEGIES)}")
-        run = run_adaptive if cfg.strategy == "edgesched" else run_federation
-        recorder = RunRecorder(Path(cfg.out_dir), cfg.to_mapping()) if cfg.out_dir else None
+        saved = saved_run(cfg) if cfg.strategy == "edgesched" else None
+        recorder = None
+        if cfg.out_dir:  # a restarted run continues its run directory from its checkpoint
+            resume = saved.logs if saved else None
+            recorder = RunRecorder(Path(cfg.out_dir), cfg.to_mapping(), resume, saved.loop.history if resume else None)
 
         def record(rnd: RoundRecord, jobs: list[JobRecord]) -> None:
             on_round(rnd, jobs)
@@ -48,7 +51,10 @@ def make_server_app(
                 recorder.on_round(rnd, jobs)
 
         with open_telemetry(cfg) as telemetry:
-            result = run(grid, cfg, record, telemetry)
+            if cfg.strategy == "edgesched":
+                result = run_adaptive(grid, cfg, record, telemetry, recorder and recorder.offsets)
+            else:
+                result = run_federation(grid, cfg, record, telemetry)
         if recorder is not None:
             recorder.write_decisions(result.decisions)
             recorder.finish(result.weights, {"dataset": cfg.dataset, "clients": cfg.clients, "strategy": cfg.strategy})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,15 +100,18 @@ class GatewayCheckpoint:
     config: RunConfig
     loop: LoopState
     scheduler: Scheduler
+    logs: dict[str, int] | None = None  # the run directory's logs' sizes (RunRecorder.offsets)
 
 
 def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
-                 telemetry: RegistryListener | None = None) -> FederationResult:
+                 telemetry: RegistryListener | None = None,
+                 logs: Callable[[], dict[str, int]] | None = None) -> FederationResult:
     """The adaptive scheduler's run on a gateway (or over the plain simulation's nodes).
 
     With `checkpoint-dir` set, a checkpoint is written there after every round, and a gateway
     restarted with the same config continues from it; jobs that were in flight count as lost
-    (they belonged to the stopped Flower run), and their devices are planned afresh.
+    (they belonged to the stopped Flower run), and their devices are planned afresh. `logs`
+    gives the run directory's log sizes to keep with each checkpoint (see `saved_run`).
     """
     from edgesched.models import build_model
     from edgesched.training import scorer
@@ -116,8 +120,8 @@ def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
     sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.partitioner or "iid", cfg.clients or 1,
                                                  cfg.alpha, cfg.seed)]
     model = build_model(cfg.dataset, cfg.seed)
-    saved = _saved_run(cfg)
-    wait_for_nodes(grid, cfg.clients or 1)
+    saved = saved_run(cfg)
+    wait_for_nodes(grid, 1 if saved else cfg.clients or 1)  # a resumed run goes on with whoever is there
     size = model_size(cfg.dataset)
     scheduler = saved.scheduler if saved else Scheduler(SchedulerConfig.from_run(cfg),
                                                          Predictor(4 * size["model_parameters"]))
@@ -128,7 +132,9 @@ def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
         saved.loop.pending.clear()
         saved.loop.bases.clear()
     path = Path(cfg.checkpoint_dir) / CHECKPOINT if cfg.checkpoint_dir else None
-    save = (lambda loop, s: write_checkpoint(path, GatewayCheckpoint(cfg, loop, s))) if path else None
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    save = (lambda loop, s: write_checkpoint(path, GatewayCheckpoint(cfg, loop, s, logs and logs()))) if path else None
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     result = run_semi_async(grid, WallClock(), GatewayFleet(grid, telemetry, sizes), scheduler, cfg, weights,
                             scorer(model, ds.x_test, ds.y_test), on_round, saved and saved.loop, save)
@@ -137,7 +143,7 @@ def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
     return FederationResult(result.weights, result.rounds, scheduler.log)
 
 
-def _saved_run(cfg: RunConfig) -> GatewayCheckpoint | None:
+def saved_run(cfg: RunConfig) -> GatewayCheckpoint | None:
     """This run's checkpoint in `checkpoint-dir`, if a previous start of it left one."""
     if not cfg.checkpoint_dir or not (path := Path(cfg.checkpoint_dir) / CHECKPOINT).exists():
         return None

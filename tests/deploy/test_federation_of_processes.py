@@ -2,8 +2,9 @@
 four SuperNodes and four device agents, each its own process. One device's SuperNode and agent
 are killed mid-run: its Last Will reaches the gateway through MQTT, its job is dropped within
 seconds (Flower alone notices a dead SuperNode after about a minute), and the run goes on.
-Then the broker is down for 10 s: the gateway keeps scheduling on what it last heard, both
-sides reconnect, and the run ends with a model."""
+Then the broker is down for 10 s: the gateway keeps scheduling on what it last heard, and both
+sides reconnect. Then the ServerApp itself is SIGKILLed mid-round; submitted again, it goes
+on from its last checkpoint, and the run ends with a model and every round recorded once."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from edgesched.broker import free_port
@@ -85,6 +87,13 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:  # ended meanwhile, or a zombie
+        return ""
+
+
 def _rows(path: Path) -> list[dict[str, str]]:
     if not path.exists():
         return []
@@ -117,7 +126,8 @@ def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a
                         "--device-id", device, "--username", device, "--ca-file", ca, "--interval", "0.5",
                         "--keepalive", "2", EDGESCHED_STATE_DIR=str(state), EDGESCHED_MQTT_PASSWORD=f"{device}-secret")
         (tmp_path / "app" / "pyproject.toml").write_text(
-            f"{APP}broker = 'mqtts://gateway@localhost:{broker.port}'\nbroker-ca-file = '{ca}'\nout-dir = '{out}'\n")
+            f"{APP}broker = 'mqtts://gateway@localhost:{broker.port}'\nbroker-ca-file = '{ca}'\nout-dir = '{out}'\n"
+            f"checkpoint-dir = '{tmp_path / 'checkpoints'}'\n")
         superlink_log = tmp_path / "superlink.log"
         _wait(lambda: superlink_log.read_text(errors="replace").count("Activated node_id") >= len(DEVICES), 60,
               "four SuperNodes registered")
@@ -130,14 +140,23 @@ def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a
         killed_at = time.time()
         _wait(lambda: len(_rows(out / "rounds.csv")) >= 2 or run.poll() is not None, 300, "round 2")
         broker.restart(down_seconds=10.0)
-        _wait(lambda: run.poll() is not None, 600, "the end of the run")
-        assert (out / "summary.json").exists(), (tmp_path / "flwr-run.log").read_text()[-3000:]
+        _wait(lambda: len(_rows(out / "rounds.csv")) >= 3 or run.poll() is not None, 300, "round 3")
+        # Flower's SuperExec starts the ServerApp in a process of its own, pointed at this SuperLink.
+        server_apps = [p for p in psutil.process_iter() if "flwr-serverapp" in (c := _cmdline(p))
+                       and f":{link}" in c]
+        assert server_apps and run.poll() is None
+        for server_app in server_apps:  # the gateway's server dies mid-round 4
+            server_app.kill()
+        _wait(lambda: run.poll() is not None, 120, "the stopped run's log to end")
+        again = procs.start("flwr-run-again", BIN / "flwr", "run", tmp_path / "app", "local", "--stream")
+        _wait(lambda: again.poll() is not None, 600, "the end of the resumed run")
+        assert (out / "summary.json").exists(), (tmp_path / "flwr-run-again.log").read_text()[-3000:]
     finally:
         procs.stop_all()
         broker.stop()
 
     rounds = _rows(out / "rounds.csv")
-    assert len(rounds) == 4 and float(rounds[-1]["accuracy"]) > 0.5
+    assert [int(r["round"]) for r in rounds] == [1, 2, 3, 4] and float(rounds[-1]["accuracy"]) > 0.5
     assert all(int(r["replied"]) >= 1 for r in rounds[2:])  # trained on through and after the outage
     assert (out / "model.npz").stat().st_size > 0
     node = {row["device_id"]: row["node_id"] for row in _rows(out / "jobs.csv")}[victim]

@@ -157,7 +157,7 @@ class PowerCut(Exception):
 def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
     cfg = RunConfig(dataset="digits", clients=3, rounds=4, lr=0.05, strategy="edgesched", min_deadline=0.01,
-                    checkpoint_dir=str(tmp_path)).resolved()
+                    checkpoint_dir=str(tmp_path / "checkpoints")).resolved()  # made when first needed
     nodes = {node: {"device-id": device} for node, device in NODES.items()}
 
     def cut_at_round_3(record, jobs):
@@ -174,4 +174,4 @@ def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path, monke
     assert max(e["round"] for e in result.decisions if e["kind"] == "round") == 4
     assert [e["round"] for e in result.decisions if e["kind"] == "round"][:2] == [1, 2]  # the log goes on
     assert rounds[-1].accuracy > 0.5
-    assert not (tmp_path / "gateway-checkpoint.pkl").exists()
+    assert not (tmp_path / "checkpoints" / "gateway-checkpoint.pkl").exists()
