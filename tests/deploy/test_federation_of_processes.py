@@ -2,15 +2,17 @@
 four SuperNodes and four device agents, each its own process. One device's SuperNode and agent
 are killed mid-run: its Last Will reaches the gateway through MQTT, its job is dropped within
 seconds (Flower alone notices a dead SuperNode after about a minute), and the run goes on.
-Then the broker is down for 10 s: the gateway keeps scheduling on what it last heard, and both
-sides reconnect. Then the ServerApp itself is SIGKILLed mid-round; submitted again, it goes
-on from its last checkpoint, and the run ends with a model and every round recorded once."""
+Then the broker is down for 10 s during round 2: the gateway keeps scheduling on what it last
+heard, and both sides reconnect. Then the ServerApp itself is SIGKILLed in round 3; submitted
+again, it goes on from its last checkpoint, and the run ends with a model and every round
+recorded once."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,7 +50,7 @@ clientapp = "edgesched.clients.app:app"
 [tool.flwr.app.config]
 dataset = "digits"
 strategy = "edgesched"
-rounds = 4
+rounds = 3
 clients = 4
 fraction-train = 0.75
 min-deadline = 30.0
@@ -138,14 +140,14 @@ def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a
         procs.kill(f"supernode-{victim}")
         procs.kill(f"agent-{victim}")
         killed_at = time.time()
+        time.sleep(2.0)  # the victim's Last Will goes out before the broker does
+        broker.restart(down_seconds=10.0)  # round 2 is under way meanwhile
         _wait(lambda: len(_rows(out / "rounds.csv")) >= 2 or run.poll() is not None, 300, "round 2")
-        broker.restart(down_seconds=10.0)
-        _wait(lambda: len(_rows(out / "rounds.csv")) >= 3 or run.poll() is not None, 300, "round 3")
         # Flower's SuperExec starts the ServerApp in a process of its own, pointed at this SuperLink.
         server_apps = [p for p in psutil.process_iter() if "flwr-serverapp" in (c := _cmdline(p))
                        and f":{link}" in c]
         assert server_apps and run.poll() is None
-        for server_app in server_apps:  # the gateway's server dies mid-round 4
+        for server_app in server_apps:  # the gateway's server dies mid-round 3
             server_app.kill()
         _wait(lambda: run.poll() is not None, 120, "the stopped run's log to end")
         again = procs.start("flwr-run-again", BIN / "flwr", "run", tmp_path / "app", "local", "--stream")
@@ -156,10 +158,10 @@ def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a
         broker.stop()
 
     rounds = _rows(out / "rounds.csv")
-    assert [int(r["round"]) for r in rounds] == [1, 2, 3, 4] and float(rounds[-1]["accuracy"]) > 0.5
-    assert all(int(r["replied"]) >= 1 for r in rounds[2:])  # trained on through and after the outage
+    assert [int(r["round"]) for r in rounds] == [1, 2, 3] and float(rounds[-1]["accuracy"]) > 0.5
+    assert int(rounds[-1]["replied"]) >= 1  # trained on after the outage and the server's restart
     assert (out / "model.npz").stat().st_size > 0
-    node = {row["device_id"]: row["node_id"] for row in _rows(out / "jobs.csv")}[victim]
+    node = re.search(r"SuperNode ID: (\d+)", (tmp_path / f"supernode-{victim}.log").read_text()).group(1)
     decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
     dropped = [d for d in decisions if d["kind"] == "outcome" and d.get("device") == f"node-{node}"
                and d["outcome"] == "lost" and d["t"] >= killed_at]

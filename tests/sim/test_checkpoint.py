@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
-ROUNDS = "3"
+ROUNDS = "2"
 
 
 def _simulate(*args: str) -> list[str]:
