@@ -18,6 +18,7 @@ from edgesched.errors import ConfigError
 DATASETS = ("fmnist", "hapt", "digits")
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
 ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines updates
+LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # What a gateway runs; the simulator also runs the baselines and ablations the side-by-side
 # benchmark compares (edgesched.simulations.contenders says what each one is).
@@ -111,7 +112,7 @@ class RunConfig:
         _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)
         _require(self.proximal_mu >= 0, "proximal-mu", "must be >= 0", self.proximal_mu)
         _require(self.update_norm_limit > 1, "update-norm-limit", "must be > 1", self.update_norm_limit)
-        _require(self.large_update in ("clip", "refuse"), "large-update", "must be 'clip' or 'refuse'",
+        _require(self.large_update in LARGE_UPDATE, "large-update", f"must be one of {', '.join(LARGE_UPDATE)}",
                  self.large_update)
         _require(self.robust_aggregation in ROBUST, "robust-aggregation", f"must be one of {', '.join(ROBUST)}",
                  self.robust_aggregation)

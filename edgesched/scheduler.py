@@ -210,7 +210,7 @@ class Scheduler:
         staleness bound. True if it counts.
         """
         job = self._jobs[job_id]
-        verdict = self.guard.check(job.device, trained, base, steps if data_size >= 1 else 0, now)
+        verdict = self.guard.check(job.device, trained, base, steps, data_size, now)
         if verdict.delta is None:
             self._refused(job_id, now, verdict)
             return False

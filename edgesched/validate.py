@@ -24,14 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesched.aggregate import momentum_steps
-
-NORM_ACTIONS = ("clip", "refuse")
+from edgesched.config import LARGE_UPDATE
 
 
 @dataclass(frozen=True)
 class GuardConfig:
     norm_limit: float = 10.0  # a per-step norm this many times the recent median is absurd
-    on_large_norm: str = "clip"  # "clip": scale it down to the limit; "refuse": drop it
+    on_large_norm: str = "clip"  # "clip": scale it down to the median size; "refuse": drop it
     client_momentum: float = 0.9  # the clients' SGD momentum (edgesched.training)
     history: int = 100  # accepted per-step norms the median is taken over
     min_history: int = 5  # updates seen before their median size is the yardstick
@@ -41,8 +40,8 @@ class GuardConfig:
     quarantine_s: float = 1800.0
 
     def __post_init__(self) -> None:
-        if self.on_large_norm not in NORM_ACTIONS:
-            raise ValueError(f"on_large_norm must be one of {', '.join(NORM_ACTIONS)}")
+        if self.on_large_norm not in LARGE_UPDATE:
+            raise ValueError(f"on_large_norm must be one of {', '.join(LARGE_UPDATE)}")
         if self.norm_limit <= 1 or self.strikes < 1:
             raise ValueError("need norm_limit > 1 and strikes >= 1")
 
@@ -64,9 +63,10 @@ class UpdateGuard:
         self._quarantine: dict[str, float] = {}  # device -> until
 
     def check(self, device: str, trained: Sequence[np.ndarray], base: Sequence[np.ndarray], steps: int,
-              now: float) -> Verdict:
-        """On arrival: can these trained weights be aggregated at all? Returns the delta if so."""
-        reason = _malformed(trained, base, steps)
+              data_size: int, now: float) -> Verdict:
+        """On arrival: can these trained weights (from `steps` on `data_size` samples) be aggregated
+        at all? Returns the delta if so."""
+        reason = _malformed(trained, base, steps, data_size)
         if reason is not None:
             return self.refuse(device, reason, now)
         return Verdict([b - t for b, t in zip(base, trained, strict=True)])
@@ -88,12 +88,13 @@ class UpdateGuard:
             median = float(np.median(sizes))
         else:
             median = math.inf
+            model_size = self.config.cold_limit * _norm(model)
         verdicts = []
         for (device, delta, steps), size in zip(updates, sizes, strict=True):
             if math.isfinite(median):
                 limit, target = self.config.norm_limit * median, median
             else:
-                limit = target = self.config.cold_limit * _norm(model) / momentum_steps(steps, momentum)
+                limit = target = model_size / momentum_steps(steps, momentum)
             if 0 < limit < size:
                 if self.config.on_large_norm == "refuse":
                     verdicts.append(self.refuse(device, "norm", now))
@@ -125,9 +126,9 @@ def _norm(tensors: Sequence[np.ndarray]) -> float:
     return math.sqrt(sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors))
 
 
-def _malformed(trained: Sequence[np.ndarray], base: Sequence[np.ndarray], steps: int) -> str | None:
+def _malformed(trained: Sequence[np.ndarray], base: Sequence[np.ndarray], steps: int, data_size: int) -> str | None:
     """Why these weights cannot be aggregated at all, or None."""
-    if steps < 1:
+    if steps < 1 or data_size < 1:
         return "bad_metrics"
     if len(trained) != len(base) or any(t.shape != b.shape for t, b in zip(trained, base, strict=False)):
         return "shape"

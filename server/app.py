@@ -52,7 +52,7 @@ def make_server_app(
 
         with open_telemetry(cfg) as telemetry:
             if cfg.strategy == "edgesched":
-                result = run_adaptive(grid, cfg, record, telemetry, recorder and recorder.offsets)
+                result = run_adaptive(grid, cfg, record, telemetry, recorder and recorder.offsets, saved)
             else:
                 result = run_federation(grid, cfg, record, telemetry)
         if recorder is not None:

@@ -105,13 +105,15 @@ class GatewayCheckpoint:
 
 def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
                  telemetry: RegistryListener | None = None,
-                 logs: Callable[[], dict[str, int]] | None = None) -> FederationResult:
+                 logs: Callable[[], dict[str, int]] | None = None,
+                 saved: GatewayCheckpoint | None = None) -> FederationResult:
     """The adaptive scheduler's run on a gateway (or over the plain simulation's nodes).
 
     With `checkpoint-dir` set, a checkpoint is written there after every round, and a gateway
     restarted with the same config continues from it; jobs that were in flight count as lost
     (they belonged to the stopped Flower run), and their devices are planned afresh. `logs`
-    gives the run directory's log sizes to keep with each checkpoint (see `saved_run`).
+    gives the run directory's log sizes to keep with each checkpoint; `saved` is the checkpoint
+    to go on from, if the caller has read it already (`saved_run`).
     """
     from edgesched.models import build_model
     from edgesched.training import scorer
@@ -120,7 +122,7 @@ def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
     sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.partitioner or "iid", cfg.clients or 1,
                                                  cfg.alpha, cfg.seed)]
     model = build_model(cfg.dataset, cfg.seed)
-    saved = saved_run(cfg)
+    saved = saved or saved_run(cfg)
     wait_for_nodes(grid, 1 if saved else cfg.clients or 1)  # a resumed run goes on with whoever is there
     size = model_size(cfg.dataset)
     scheduler = saved.scheduler if saved else Scheduler(SchedulerConfig.from_run(cfg),

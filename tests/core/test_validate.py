@@ -43,7 +43,7 @@ def warmed(config: GuardConfig | None = None) -> UpdateGuard:
 ])
 def test_malformed_updates_are_refused_by_reason(weights, steps, reason):
     guard = UpdateGuard()
-    verdict = guard.check("d", weights, BASE, steps=steps, now=0.0)
+    verdict = guard.check("d", weights, BASE, steps=steps, data_size=600, now=0.0)
     assert verdict.delta is None and verdict.reason == reason
     assert guard.refused == {reason: 1}
 
@@ -76,11 +76,11 @@ def test_a_long_jobs_momentum_built_size_is_not_mistaken_for_an_attack():
 def test_three_refusals_within_the_window_quarantine_a_device_for_a_while():
     guard = UpdateGuard(GuardConfig(strikes=3, strike_window_s=100.0, quarantine_s=50.0))
     nan = [np.full_like(b, np.nan) for b in BASE]
-    guard.check("d", nan, BASE, 1, now=0.0)
-    guard.check("d", nan, BASE, 1, now=150.0)  # the first strike has aged out of the window
+    guard.check("d", nan, BASE, 1, 600, now=0.0)
+    guard.check("d", nan, BASE, 1, 600, now=150.0)  # the first strike has aged out of the window
     assert not guard.quarantined("d", 150.0)
-    guard.check("d", nan, BASE, 1, now=160.0)
-    assert guard.check("d", nan, BASE, 1, now=170.0).quarantined
+    guard.check("d", nan, BASE, 1, 600, now=160.0)
+    assert guard.check("d", nan, BASE, 1, 600, now=170.0).quarantined
     assert guard.quarantined("d", 219.0) and not guard.quarantined("d", 221.0)
     assert not guard.quarantined("other", 200.0)
 

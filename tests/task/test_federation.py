@@ -46,15 +46,24 @@ class RecordingTelemetry:
 
 
 @pytest.fixture(autouse=True)
-def task_identity():
+def task_identity(tmp_path, monkeypatch):
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))  # where the ClientApp leaves job speeds
     yield
 
 
-def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+NODE_CONFIGS = {node: {"device-id": device} for node, device in NODES.items()}
+
+
+def adaptive(rounds: int, **over) -> RunConfig:
+    """The adaptive scheduler on three digits clients; a round ends as soon as its jobs are in."""
+    return RunConfig(dataset="digits", clients=3, rounds=rounds, lr=0.05, strategy="edgesched", min_deadline=0.01,
+                     **over).resolved()
+
+
+def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path):
     cfg = RunConfig(dataset="digits", clients=3, rounds=2, local_epochs=3, lr=0.05).resolved()
-    grid = LocalGrid({node: {"device-id": device} for node, device in NODES.items()})
+    grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
     result = run_federation(grid, cfg, lambda record, jobs: rounds.append((record, jobs)), telemetry)
 
@@ -73,11 +82,9 @@ def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path, monkeypa
     assert {p.name for p in (tmp_path / "edgesched").iterdir()} == {f"{d}.job.json" for d in NODES.values()}
 
 
-def test_the_adaptive_scheduler_runs_over_flower_push_and_pull(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
-    cfg = RunConfig(dataset="digits", clients=3, rounds=4, lr=0.05, strategy="edgesched", max_epochs=5,
-                    min_deadline=0.01).resolved()
-    grid = LocalGrid({node: {"device-id": device} for node, device in NODES.items()})
+def test_the_adaptive_scheduler_runs_over_flower_push_and_pull():
+    cfg = adaptive(rounds=4, max_epochs=5)
+    grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
     result = run_adaptive(grid, cfg, lambda record, jobs: rounds.append((record, jobs)), telemetry)
 
@@ -104,12 +111,9 @@ class RefusingGrid(LocalGrid):
         return super().push_messages(messages)
 
 
-def test_a_message_flower_refuses_is_a_lost_job_not_a_crash(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
-    cfg = RunConfig(dataset="digits", clients=3, rounds=2, lr=0.05, strategy="edgesched", min_deadline=0.01).resolved()
-    grid = RefusingGrid({node: {"device-id": device} for node, device in NODES.items()})
+def test_a_message_flower_refuses_is_a_lost_job_not_a_crash():
     rounds = []
-    result = run_adaptive(grid, cfg, lambda record, jobs: rounds.append(record))
+    result = run_adaptive(RefusingGrid(NODE_CONFIGS), adaptive(rounds=2), lambda record, jobs: rounds.append(record))
     refused = [e for e in result.decisions if e["kind"] == "outcome" and e["outcome"] == "lost"]
     assert refused and all(e["device"] == "node-303" and "refused" in e["reason"] for e in refused)
     assert [r.round for r in rounds] == [1, 2] and all(r.replied == 2 and r.failed == 1 for r in rounds)
@@ -135,12 +139,9 @@ class TamperingGrid(LocalGrid):
         return replies
 
 
-def test_bad_replies_are_refused_counted_and_their_device_quarantined(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
-    cfg = RunConfig(dataset="digits", clients=3, rounds=5, lr=0.05, strategy="edgesched", min_deadline=0.01).resolved()
-    grid = TamperingGrid({node: {"device-id": device} for node, device in NODES.items()})
+def test_bad_replies_are_refused_counted_and_their_device_quarantined():
     rounds = []
-    result = run_adaptive(grid, cfg, lambda record, jobs: rounds.append(record))
+    result = run_adaptive(TamperingGrid(NODE_CONFIGS), adaptive(rounds=5), lambda record, jobs: rounds.append(record))
 
     refused = [e["reason"] for e in result.decisions if e["kind"] == "outcome" and e["device"] == "node-303"]
     assert refused == ["refused: bad_metrics", "refused: not_finite", "refused: oversized"]
@@ -154,22 +155,19 @@ class PowerCut(Exception):
     pass
 
 
-def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
-    cfg = RunConfig(dataset="digits", clients=3, rounds=4, lr=0.05, strategy="edgesched", min_deadline=0.01,
-                    checkpoint_dir=str(tmp_path / "checkpoints")).resolved()  # made when first needed
-    nodes = {node: {"device-id": device} for node, device in NODES.items()}
+def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
+    cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))  # made when first needed
 
     def cut_at_round_3(record, jobs):
         if record.round == 3:
             raise PowerCut
 
     with pytest.raises(PowerCut):
-        run_adaptive(LocalGrid(nodes), cfg, cut_at_round_3)
+        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
     with pytest.raises(ConfigError, match="holds a checkpoint of another run"):
-        run_adaptive(LocalGrid(nodes), dataclasses.replace(cfg, lr=0.1), cut_at_round_3)
+        run_adaptive(LocalGrid(NODE_CONFIGS), dataclasses.replace(cfg, lr=0.1), cut_at_round_3)
     rounds = []
-    result = run_adaptive(LocalGrid(nodes), cfg, lambda record, jobs: rounds.append(record))
+    result = run_adaptive(LocalGrid(NODE_CONFIGS), cfg, lambda record, jobs: rounds.append(record))
     assert [r.round for r in rounds] == [3, 4]  # round 2's checkpoint was the last one written
     assert max(e["round"] for e in result.decisions if e["kind"] == "round") == 4
     assert [e["round"] for e in result.decisions if e["kind"] == "round"][:2] == [1, 2]  # the log goes on
