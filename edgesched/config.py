@@ -7,6 +7,7 @@ every value is checked when the config is built, with an error that names the ke
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -60,7 +61,7 @@ class RunConfig:
     heartbeat_interval: float = 5.0
     # The adaptive scheduler (strategy "edgesched"); docs/scheduler.md explains each knob.
     strategy: str = "fedavg"
-    max_epochs: int = 2
+    max_epochs: int | None = None  # default: twice local-epochs, so fast devices do more than FedAvg
     min_epochs: float = 0.5
     deadline_quantile: float = 0.9
     max_staleness: int = 3
@@ -99,7 +100,9 @@ class RunConfig:
                  "must be 'embedded', 'none' or an mqtt:// or mqtts:// URL", self.broker)
         _require(self.heartbeat_interval > 0, "heartbeat-interval", "must be > 0", self.heartbeat_interval)
         _require(self.strategy in STRATEGIES, "strategy", f"choose one of {', '.join(STRATEGIES)}", self.strategy)
-        _require(0 < self.min_epochs <= self.max_epochs, "min-epochs", "must be in (0, max-epochs]", self.min_epochs)
+        _require(self.max_epochs is None or self.max_epochs >= 1, "max-epochs", "must be >= 1", self.max_epochs)
+        _require(0 < self.min_epochs <= (self.max_epochs or math.inf), "min-epochs", "must be in (0, max-epochs]",
+                 self.min_epochs)
         _require(0 < self.deadline_quantile <= 1, "deadline-quantile", "must be in (0, 1]", self.deadline_quantile)
         _require(self.max_staleness >= 0, "max-staleness", "must be >= 0", self.max_staleness)
         _require(self.staleness_exponent >= 0, "staleness-exponent", "must be >= 0", self.staleness_exponent)
@@ -136,7 +139,8 @@ class RunConfig:
             data_dir=self.data_dir or (FMNIST_DIR if self.dataset == "fmnist" else None),
             partitioner=self.partitioner or defaults["partitioner"],
             clients=self.clients or defaults["clients"],
-            local_epochs=self.local_epochs or defaults["local_epochs"],
+            local_epochs=(local_epochs := self.local_epochs or defaults["local_epochs"]),
+            max_epochs=self.max_epochs or 2 * local_epochs,
         )
 
     def to_mapping(self) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class SchedulerConfig:
     @classmethod
     def from_run(cls, cfg: RunConfig) -> SchedulerConfig:
         """The scheduler's settings from the run config's kebab-case knobs."""
+        cfg = cfg.resolved()
         plan = PlanConfig(
             target_updates=cfg.clients_per_round, batch_size=cfg.batch_size, max_overselect=cfg.max_overselect,
             min_epochs=cfg.min_epochs, max_epochs=cfg.max_epochs, deadline_quantile=cfg.deadline_quantile,

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from statistics import mean, pstdev
 from typing import Any
@@ -52,6 +53,14 @@ def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | 
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise SystemExit(f"bench_contenders: {' '.join(cmd[2:])} failed: {tail}")
     return json.loads(summary.read_text())
+
+
+def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: str,
+               seed: int) -> tuple[dict[str, Any], float]:
+    started = time.monotonic()
+    out = _run_dir(args.out, fleet, dropout, strategy, seed)
+    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir)
+    return row(fleet, dropout, strategy, seed, summary, out), time.monotonic() - started
 
 
 def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -187,7 +196,8 @@ def write_docs(text: str, doc: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="lab-20, 30 %% dropout, seed 0, 1 round: the harness")
+    parser.add_argument("--quick", action="store_true",
+                        help="lab-20, 30 %% dropout, seed 0, 1 round, every contender: the harness")
     parser.add_argument("--fleets", nargs="+", default=["campus-100"])
     parser.add_argument("--dropouts", nargs="+", type=float, default=[0.0, 0.1, 0.3])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -195,23 +205,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, help="override the fleet files' rounds")
     parser.add_argument("--data-dir", type=Path, help="the data set's folder (hapt-30 needs the one holding "
                         "hapt_raw_by_user.npz)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1); more share the "
+                        "machine, so their real seconds are not comparable, but virtual times are unchanged")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-contenders"), help="run directories")
     parser.add_argument("--docs", action="store_true", help="write the table and plots of every finished run "
                         "under --out into docs/")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     if args.quick:
         args.fleets, args.dropouts, args.seeds, args.rounds = ["lab-20"], [0.3], [0], 1
-    rows = []
     plan = [(f, d, s, seed) for f in args.fleets for d in args.dropouts for seed in args.seeds for s in args.contenders]
-    for i, (fleet, dropout, strategy, seed) in enumerate(plan, 1):
-        started = time.monotonic()
-        out = _run_dir(args.out, fleet, dropout, strategy, seed)
-        summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir)
-        rows.append(row(fleet, dropout, strategy, seed, summary, out))
-        times = ", ".join(f"{float(t):.0%} at {'never' if vs is None else f'{vs:.0f} virtual s'}"
-                          for t, vs in rows[-1]["reached"].items())
-        print(f"[{i}/{len(plan)}] {fleet} dropout {dropout:.0%} {strategy} seed {seed}: "
-              f"final {rows[-1]['final_accuracy']:.2%}; {times} ({time.monotonic() - started:.0f} s)", flush=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
+        futures = {pool.submit(_timed_run, args, *job): job for job in plan}
+        for i, future in enumerate(as_completed(futures), 1):
+            if future.exception() is not None:  # report it now; runs already started still finish
+                pool.shutdown(wait=False, cancel_futures=True)
+            r, took = future.result()
+            times = ", ".join(f"{float(t):.0%} at {'never' if vs is None else f'{vs:.0f} virtual s'}"
+                              for t, vs in r["reached"].items())
+            print(f"[{i}/{len(plan)}] {r['fleet']} dropout {r['dropout']:.0%} {r['strategy']} seed {r['seed']}: "
+                  f"final {r['final_accuracy']:.2%}; {times} ({took:.0f} s)", flush=True)
+    rows = [f.result()[0] for f in futures]  # in plan order
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
     if args.docs:  # every finished run under --out, from this and earlier invocations

@@ -39,9 +39,12 @@ if TYPE_CHECKING:
 OnRound = Callable[[RoundRecord, list[JobRecord]], None]
 Weights = dict[str, np.ndarray]
 DEADLINE_OVERSELECT = 1.3
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "edgesched-no-staleness": {"max_staleness": 0},
-    "edgesched-no-equal-finish": {"min_epochs": 1.0, "max_epochs": 1},
+# Each ablation turns one mechanism off; without equal-finish work every device trains FedAvg's
+# local epochs, however fast or slow it is.
+ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
+    "edgesched-no-staleness": lambda cfg: {"max_staleness": 0},
+    "edgesched-no-equal-finish": lambda cfg: {"min_epochs": float(cfg.local_epochs or 1),
+                                              "max_epochs": cfg.local_epochs},
 }
 
 
@@ -135,7 +138,7 @@ def _scheduler(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: Virt
     from edgesched.simulations.oracle import Foresight, OraclePredictor, OracleRisk
 
     strategy = spec.run.strategy
-    cfg = dataclasses.replace(spec.run, **ABLATIONS.get(strategy, {}))
+    cfg = dataclasses.replace(spec.run, **ABLATIONS[strategy](spec.run) if strategy in ABLATIONS else {})
     model, evaluate = _evaluator(cfg)
     size = model_size(cfg.dataset)
     model_bytes = 4 * size["model_parameters"]

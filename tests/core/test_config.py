@@ -21,6 +21,8 @@ def test_from_mapping_reads_kebab_case_and_coerces_strings():
         ({"partitioner": "shards"}, "partitioner"),
         ({"lr": True}, "lr"),
         ({"broker": "tcp://gw:1883"}, "broker"),
+        ({"max-epochs": 0}, "max-epochs"),
+        ({"min-epochs": 3, "max-epochs": 2}, "min-epochs"),
     ],
 )
 def test_bad_values_name_their_key(values, key):
@@ -35,6 +37,14 @@ def test_resolved_fills_dataset_defaults():
     fmnist = RunConfig().resolved()
     assert fmnist.data_dir == "/usr/share/datasets/fashion-mnist"
     assert (fmnist.partitioner, fmnist.local_epochs) == ("dirichlet", 1)
+
+
+def test_fast_devices_may_train_twice_the_local_epochs_unless_told_otherwise():
+    assert RunConfig(dataset="hapt").resolved().max_epochs == 10
+    assert RunConfig(dataset="hapt", local_epochs=2).resolved().max_epochs == 4
+    assert RunConfig(dataset="hapt", max_epochs=3).resolved().max_epochs == 3
+    with pytest.raises(ConfigError, match="min-epochs"):  # checked against the default once it is known
+        RunConfig(min_epochs=2.5).resolved()
 
 
 def test_mapping_round_trip():
