@@ -2,29 +2,40 @@
 
 Replies carry, beside the weights, what the job did (samples, steps, seconds, samples/s,
 loss): the scheduler's performance model learns each device's speed from them. The node's
-`device-id` (node config) is echoed so the gateway can join Flower nodes to MQTT devices.
+`device-id` (node config) is echoed so the gateway can join Flower nodes to MQTT devices; a
+`query` message asks only that, so it is answered without loading torch (a deployed SuperNode
+starts a fresh process for every message).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from torch import nn
 
 from edgesched import data, partition
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
-from edgesched.models import build_model
 from edgesched.telemetry import write_job_report
-from edgesched.training import evaluate, train
+
+if TYPE_CHECKING:
+    from torch import nn
 
 app = ClientApp()
 
 
+@app.query()
+def identify(msg: Message, context: Context) -> Message:
+    """Which device is this node? The gateway asks once, when the node appears."""
+    return Message(RecordDict({DEVICE: ConfigRecord({"device-id": _device_id(context)})}), reply_to=msg)
+
+
 @app.train()
 def train_job(msg: Message, context: Context) -> Message:
+    from edgesched.training import train
+
     job, model, x, y = _prepare(msg, context)
     report = train(
         model,
@@ -47,6 +58,8 @@ def train_job(msg: Message, context: Context) -> Message:
 def evaluate_job(msg: Message, context: Context) -> Message:
     """Score the global model on the partition; with node config `evaluate-with=onnxruntime`, the
     way the board will run it once shipped (the ONNX export, in onnxruntime)."""
+    from edgesched.training import evaluate
+
     job, model, x, y = _prepare(msg, context)
     if context.node_config.get("evaluate-with", "torch") == "onnxruntime":
         from edgesched.export import evaluate_onnx, to_onnx
@@ -61,6 +74,8 @@ def evaluate_job(msg: Message, context: Context) -> Message:
 
 def _prepare(msg: Message, context: Context) -> tuple[ConfigRecord, nn.Module, np.ndarray, np.ndarray]:
     """The job's config, the global model it carries, and the partition it names."""
+    from edgesched.models import build_model
+
     job = msg.content[CONFIG]
     x, y = _local_data(job, context)
     model = build_model(str(job["dataset"]))

@@ -95,6 +95,7 @@ class DeviceRegistry:
         self.dropped: Counter[str] = Counter()
         self.accepted = 0
         self._devices: dict[str, _Device] = {}
+        self._links: dict[str, int] = {}  # device id -> Flower node id, from the gateway's replies
         self._outage: tuple[float, float] | None = None  # the last span without a broker (end inf: still)
 
     def lost_sight(self, now: float) -> None:
@@ -117,7 +118,9 @@ class DeviceRegistry:
         return None
 
     def link_node(self, device_id: str, node_id: int) -> None:
-        """Join a Flower node id (from a ClientApp reply) to the device it runs on."""
+        """Join a Flower node id (from a ClientApp reply) to the device it runs on, even if the
+        device has not been heard yet: its agent may start after its SuperNode."""
+        self._links[device_id] = node_id
         if device_id in self._devices:
             self._devices[device_id].node_id = node_id
 
@@ -142,7 +145,7 @@ class DeviceRegistry:
         if device is None:
             if len(self._devices) >= self.config.max_devices:
                 raise TelemetryError("too_many_devices")
-            device = _Device(tokens=self.config.burst, refilled_at=now)
+            device = _Device(tokens=self.config.burst, refilled_at=now, node_id=self._links.get(device_id))
         self._take_token(device, now)
         message = {"heartbeat": Heartbeat, "status": Status, "capabilities": Capabilities}[kind].from_json(payload)
         if message.device_id != device_id:

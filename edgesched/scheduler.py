@@ -136,7 +136,9 @@ class Scheduler:
         views = [v for v in views if v.device not in busy and v.device not in held]
         cands, predictions = self._candidates(views)
         knobs = self.monitor.knobs
-        cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": knobs.max_epochs,
+        # The monitor lowers max-epochs one at a time; never below the least work a job may be.
+        least = math.ceil(self.config.plan.min_epochs)
+        cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(knobs.max_epochs, least),
                             "max_staleness": knobs.max_staleness})
         fleet_rate = self.risk.fleet_rate()
         cands.risk[:] = [self.risk.risk(v.device, t, v.heartbeat, fleet_rate)

@@ -1,9 +1,11 @@
 """The adaptive scheduler on a gateway: Flower's nodes, the MQTT registry, the wall clock.
 
-A Flower node is planned under the id `node-{id}`; once one of its replies names the device
-it runs on (its node config's `device-id`), the registry's heartbeats for that device feed
-its predictions and risk, and its Last Will ends its jobs at once. Partition `i` is trained
-by the `i`-th node seen, as in the synchronous loop.
+A Flower node is planned under the id `node-{id}`. Once a reply names the device it runs on
+(its node config's `device-id`), the registry's heartbeats for that device feed its
+predictions and risk, and its Last Will ends its jobs at once. So that this holds from a
+node's first job, not only after its first reply, every node is asked its device id (a
+`query` message, which the ClientApp answers without loading torch) as soon as it appears.
+Partition `i` is trained by the `i`-th node seen, as in the synchronous loop.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from flwr.app import Message, MessageType, RecordDict
 
 from edgesched import data, partition
 from edgesched.config import RunConfig
 from edgesched.errors import ConfigError
+from edgesched.jobs import DEVICE
 from edgesched.models import model_size
 from edgesched.mqtt import RegistryListener
 from edgesched.predict import Predictor
@@ -41,14 +45,31 @@ class GatewayFleet:
         self._partition: dict[int, int] = {}
         self._nodes_at = -np.inf
         self._nodes: list[int] = []
+        self._asked: dict[str, int] = {}  # identification queries in flight: message id -> node
 
     def nodes(self) -> list[int]:
         if time.monotonic() - self._nodes_at > NODE_LIST_TTL_S:
             self._nodes = sorted(self._grid.get_node_ids())
             self._nodes_at = time.monotonic()
             for node in self._nodes:
+                if node not in self._partition and self._telemetry is not None:
+                    self._ask_device_id(node)
                 self._partition.setdefault(node, len(self._partition) % len(self._sizes))
+        self._take_answers()
         return self._nodes
+
+    def _ask_device_id(self, node: int) -> None:
+        msg = Message(RecordDict({}), dst_node_id=node, message_type=MessageType.QUERY, group_id="identify")
+        for msg_id in self._grid.push_messages([msg]):
+            self._asked[msg_id] = node
+
+    def _take_answers(self) -> None:
+        if not self._asked:
+            return
+        for reply in self._grid.pull_messages(list(self._asked)):
+            node = self._asked.pop(reply.metadata.reply_to_message_id, None)
+            if node is not None and not reply.has_error() and DEVICE in reply.content:
+                self.seen(node, str(reply.content[DEVICE]["device-id"]))
 
     def _states(self) -> dict[int, DeviceState]:
         if self._telemetry is None:

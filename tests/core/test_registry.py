@@ -28,6 +28,13 @@ def test_accepted_heartbeat_makes_the_device_online():
     assert device.online and device.heartbeat.temp_c == 51.2
 
 
+def test_a_node_linked_before_its_device_is_heard_keeps_the_link():
+    reg = DeviceRegistry()
+    reg.link_node("pi-1", 7)  # the SuperNode answered before its agent's first heartbeat
+    assert _ingest(reg, heartbeat_dict()) is None
+    assert reg.snapshot(NOW).devices["pi-1"].node_id == 7
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [

@@ -99,6 +99,15 @@ def test_device_with_falling_battery_gets_less_work_then_none():
     assert s.plan(1, 0.0, [view])[0].samples == work[0]
 
 
+def test_a_wobbling_loss_never_lowers_max_epochs_below_the_least_work():
+    s = scheduler(k=1, min_epochs=5.0, max_epochs=5)  # every job exactly 5 epochs (an ablation)
+    for loss in (1.0, 2.0, 3.0):  # each round worse: the monitor tightens each time
+        s.monitor.observe(1, loss, 1.0)
+    assert s.monitor.knobs.max_epochs == 3
+    (a,) = s.plan(1, 0.0, [DeviceView("a", 64, None, "pi")])
+    assert a.epochs == 5 and a.samples == 5 * 64
+
+
 def test_update_older_than_its_bound_is_refused_and_within_it_counts():
     s = scheduler(k=2, max_staleness=1)
     views = [DeviceView("a", 600, None, "pi"), DeviceView("b", 600, None, "pi")]

@@ -1,11 +1,15 @@
 """A real federation on loopback: Mosquitto with TLS, Flower's SuperLink, the edgesched ServerApp,
-four SuperNodes and four device agents, each its own process. One device's SuperNode and agent
-are killed mid-run: its Last Will reaches the gateway through MQTT, its job is dropped within
-seconds (Flower alone notices a dead SuperNode after about a minute), and the run goes on.
-Then the broker is down for 10 s during round 2: the gateway keeps scheduling on what it last
-heard, and both sides reconnect. Then the ServerApp itself is SIGKILLed in round 3; submitted
-again, it goes on from its last checkpoint, and the run ends with a model and every round
-recorded once."""
+SuperNodes and device agents, each its own process.
+
+With four boards: one device's SuperNode and agent are killed mid-run: its Last Will reaches
+the gateway through MQTT, its job is dropped within seconds (Flower alone notices a dead
+SuperNode after about a minute), and the run goes on. Then the broker is down for 10 s during
+round 2: the gateway keeps scheduling on what it last heard, and both sides reconnect. Then
+the ServerApp itself is SIGKILLed in round 3; submitted again, it goes on from its last
+checkpoint, and the run ends with a model and every round recorded once.
+
+With ten boards: three, chosen at random, lose power at random moments during the rounds,
+and the run completes on the other seven."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -28,7 +33,6 @@ from ..mqtt.brokers import MOSQUITTO, Mosquitto, password_file, shipped_config
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
-DEVICES = ("pi-a", "pi-b", "pi-c", "pi-d")
 APP = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -51,8 +55,6 @@ clientapp = "edgesched.clients.app:app"
 dataset = "digits"
 strategy = "edgesched"
 rounds = 3
-clients = 4
-fraction-train = 0.75
 min-deadline = 30.0
 round-timeout = 120.0
 heartbeat-interval = 0.5
@@ -103,70 +105,144 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+class Federation:
+    """Mosquitto (the shipped TLS, password and ACL config), a SuperLink, and one SuperNode and
+    one agent per device; `submit` runs the edgesched ServerApp on it with `flwr run`."""
+
+    def __init__(self, folder: Path, devices: list[str], fraction_train: float) -> None:
+        self.folder, self.devices, self.out = folder, devices, folder / "run"
+        password_file(folder, {"gateway": "gw-secret", **{d: f"{d}-secret" for d in devices}})
+        self.broker = Mosquitto(folder, shipped_config(folder), tls=True)
+        self.link, home = free_port(), folder / "flwr-home"
+        home.mkdir()
+        (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+                                          f'address = "127.0.0.1:{self.link}"\ninsecure = true\n')
+        (folder / "app").mkdir()
+        self.procs = Processes(folder, {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+                                        "PATH": f"{BIN}:{os.environ['PATH']}"})
+        self.app = (f"{APP}clients = {len(devices)}\nfraction-train = {fraction_train}\n"
+                    f"broker = 'mqtts://gateway@localhost:{self.broker.port}'\nbroker-ca-file = '{folder / 'ca.crt'}'\n"
+                    f"out-dir = '{self.out}'\ncheckpoint-dir = '{folder / 'checkpoints'}'\n")
+
+    def __enter__(self) -> Federation:
+        self.broker.start()
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.procs.start("superlink", BIN / "flower-superlink", "--insecure",
+                         "--disable-runtime-dependency-installation", "--port", str(self.link),
+                         EDGESCHED_MQTT_PASSWORD="gw-secret")
+        for device in self.devices:
+            state = self.folder / f"state-{device}"  # where the ClientApp leaves job speeds for the agent
+            self.procs.start(f"supernode-{device}", BIN / "flower-supernode", "--insecure", "--superlink",
+                             f"127.0.0.1:{self.link}", "--port", str(free_port()), "--node-config",
+                             f"device-id='{device}'", EDGESCHED_STATE_DIR=str(state))
+            self.procs.start(f"agent-{device}", sys.executable, "-m", "edgesched", "agent", "--broker",
+                             self.broker.url, "--device-id", device, "--username", device, "--ca-file",
+                             self.folder / "ca.crt", "--interval", "0.5", "--keepalive", "2",
+                             EDGESCHED_STATE_DIR=str(state), EDGESCHED_MQTT_PASSWORD=f"{device}-secret")
+        (self.folder / "app" / "pyproject.toml").write_text(self.app)
+        superlink_log = self.folder / "superlink.log"
+        _wait(lambda: superlink_log.read_text(errors="replace").count("Activated node_id") >= len(self.devices),
+              60, f"{len(self.devices)} SuperNodes registered")
+
+    def __exit__(self, *exc: object) -> None:
+        self.procs.stop_all()
+        self.broker.stop()
+
+    def submit(self, name: str = "flwr-run") -> subprocess.Popen:
+        return self.procs.start(name, BIN / "flwr", "run", self.folder / "app", "local", "--stream")
+
+    def power_off(self, device: str) -> float:
+        """The board dies: its SuperNode (with any ClientApp it started) and its agent, SIGKILLed."""
+        self.procs.kill(f"supernode-{device}")
+        self.procs.kill(f"agent-{device}")
+        return time.time()
+
+    def rounds(self) -> list[dict[str, str]]:
+        return _rows(self.out / "rounds.csv")
+
+    def node(self, device: str) -> str:
+        """The name the gateway's decision log gives a device: its SuperNode's id."""
+        log = (self.folder / f"supernode-{device}.log").read_text(errors="replace")
+        return "node-" + re.search(r"SuperNode ID: (\d+)", log).group(1)
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(errors="replace")
+
+    def assert_dropped_through_mqtt(self, device: str, killed_at: float) -> int:
+        """A dead board's jobs are dropped within seconds (reason: offline) and it is never planned
+        again; returns how many of its jobs were in flight."""
+        decisions = [json.loads(line) for line in (self.out / "decisions.jsonl").read_text().splitlines()]
+        node = self.node(device)
+        dropped = [d for d in decisions if d["kind"] == "outcome" and d.get("device") == node
+                   and d["outcome"] == "lost" and d["t"] >= killed_at]
+        planned_after = [d for d in decisions if d["kind"] == "plan" and d.get("selected")
+                         and d["device"] == node and d["t"] > killed_at + 5]
+        print(f"{device}: " + ", ".join(f"job dropped {d['t'] - killed_at:.1f} s after the kill" for d in dropped)
+              if dropped else f"{device}: no job in flight")
+        assert all(d["t"] - killed_at < 10 and d["reason"] == "device offline" for d in dropped), dropped
+        assert not planned_after, planned_after  # offline through its Last Will: never planned again
+        return len(dropped)
+
+
+def _assert_ended_with_a_model(fed: Federation) -> None:
+    rounds = fed.rounds()
+    assert [int(r["round"]) for r in rounds] == [1, 2, 3], rounds
+    assert float(rounds[-1]["accuracy"]) > 0.3, rounds  # ten digits: chance is 0.1
+    assert int(rounds[-1]["replied"]) >= 1
+    assert (fed.out / "model.npz").stat().st_size > 0
+
+
 @pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")
 def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a_model(tmp_path):
-    password_file(tmp_path, {"gateway": "gw-secret", **{d: f"{d}-secret" for d in DEVICES}})
-    broker = Mosquitto(tmp_path, shipped_config(tmp_path), tls=True).start()
-    ca, link = tmp_path / "ca.crt", free_port()
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-                                      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
-    (tmp_path / "app").mkdir()
-    out = tmp_path / "run"
-    procs = Processes(tmp_path, {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
-                                 "PATH": f"{BIN}:{os.environ['PATH']}"})
-    try:
-        procs.start("superlink", BIN / "flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-                    "--port", str(link), EDGESCHED_MQTT_PASSWORD="gw-secret")
-        for device in DEVICES:
-            state = tmp_path / f"state-{device}"  # where the ClientApp leaves job speeds for the agent
-            procs.start(f"supernode-{device}", BIN / "flower-supernode", "--insecure", "--superlink",
-                        f"127.0.0.1:{link}", "--port", str(free_port()), "--node-config", f"device-id='{device}'",
-                        EDGESCHED_STATE_DIR=str(state))
-            procs.start(f"agent-{device}", sys.executable, "-m", "edgesched", "agent", "--broker", broker.url,
-                        "--device-id", device, "--username", device, "--ca-file", ca, "--interval", "0.5",
-                        "--keepalive", "2", EDGESCHED_STATE_DIR=str(state), EDGESCHED_MQTT_PASSWORD=f"{device}-secret")
-        (tmp_path / "app" / "pyproject.toml").write_text(
-            f"{APP}broker = 'mqtts://gateway@localhost:{broker.port}'\nbroker-ca-file = '{ca}'\nout-dir = '{out}'\n"
-            f"checkpoint-dir = '{tmp_path / 'checkpoints'}'\n")
-        superlink_log = tmp_path / "superlink.log"
-        _wait(lambda: superlink_log.read_text(errors="replace").count("Activated node_id") >= len(DEVICES), 60,
-              "four SuperNodes registered")
-
-        run = procs.start("flwr-run", BIN / "flwr", "run", tmp_path / "app", "local", "--stream")  # the ServerApp's log
-        _wait(lambda: len(_rows(out / "rounds.csv")) >= 1 or run.poll() is not None, 300, "round 1")
+    with Federation(tmp_path, ["pi-a", "pi-b", "pi-c", "pi-d"], fraction_train=0.75) as fed:
+        run = fed.submit()
+        _wait(lambda: len(fed.rounds()) >= 1 or run.poll() is not None, 300, "round 1")
         victim = "pi-d"
-        procs.kill(f"supernode-{victim}")
-        procs.kill(f"agent-{victim}")
-        killed_at = time.time()
+        killed_at = fed.power_off(victim)
         time.sleep(2.0)  # the victim's Last Will goes out before the broker does
-        broker.restart(down_seconds=10.0)  # round 2 is under way meanwhile
-        _wait(lambda: len(_rows(out / "rounds.csv")) >= 2 or run.poll() is not None, 300, "round 2")
+        fed.broker.restart(down_seconds=10.0)  # round 2 is under way meanwhile
+        _wait(lambda: len(fed.rounds()) >= 2 or run.poll() is not None, 300, "round 2")
         # Flower's SuperExec starts the ServerApp in a process of its own, pointed at this SuperLink.
         server_apps = [p for p in psutil.process_iter() if "flwr-serverapp" in (c := _cmdline(p))
-                       and f":{link}" in c]
+                       and f":{fed.link}" in c]
         assert server_apps and run.poll() is None
         for server_app in server_apps:  # the gateway's server dies mid-round 3
             server_app.kill()
         _wait(lambda: run.poll() is not None, 120, "the stopped run's log to end")
-        again = procs.start("flwr-run-again", BIN / "flwr", "run", tmp_path / "app", "local", "--stream")
+        again = fed.submit("flwr-run-again")
         _wait(lambda: again.poll() is not None, 600, "the end of the resumed run")
-        assert (out / "summary.json").exists(), (tmp_path / "flwr-run-again.log").read_text()[-3000:]
-    finally:
-        procs.stop_all()
-        broker.stop()
+        assert (fed.out / "summary.json").exists(), fed.log("flwr-run-again")[-3000:]
+    _assert_ended_with_a_model(fed)  # trained on after the outage and the server's restart
+    fed.assert_dropped_through_mqtt(victim, killed_at)
 
-    rounds = _rows(out / "rounds.csv")
-    assert [int(r["round"]) for r in rounds] == [1, 2, 3] and float(rounds[-1]["accuracy"]) > 0.5
-    assert int(rounds[-1]["replied"]) >= 1  # trained on after the outage and the server's restart
-    assert (out / "model.npz").stat().st_size > 0
-    node = re.search(r"SuperNode ID: (\d+)", (tmp_path / f"supernode-{victim}.log").read_text()).group(1)
-    decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
-    dropped = [d for d in decisions if d["kind"] == "outcome" and d.get("device") == f"node-{node}"
-               and d["outcome"] == "lost" and d["t"] >= killed_at]
-    planned_after = [d for d in decisions if d["kind"] == "plan" and d.get("selected")
-                     and d["device"] == f"node-{node}" and d["t"] > killed_at + 5]
-    print(f"victim's job dropped {dropped[0]['t'] - killed_at:.1f} s after the kill" if dropped else "no job in flight")
-    assert all(d["t"] - killed_at < 10 and d["reason"] == "device offline" for d in dropped)
-    assert not planned_after  # offline through its Last Will: never planned again
+
+@pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")
+def test_thirty_percent_of_the_boards_die_at_random_during_rounds_and_the_run_completes(tmp_path):
+    devices = [f"pi-{i}" for i in range(10)]
+    rng = np.random.default_rng(8)
+    victims = [str(d) for d in rng.choice(devices, size=3, replace=False)]
+    # Moments after the first job reaches a board; rounds take about 15-30 s here.
+    moments = np.sort(rng.uniform(0.0, 40.0, size=3))
+    print("power off:", ", ".join(f"{v} at +{m:.1f} s" for v, m in zip(victims, moments, strict=True)))
+    killed: dict[str, float] = {}
+    with Federation(tmp_path, devices, fraction_train=0.5) as fed:
+        run = fed.submit()
+        _wait(lambda: any("Receiving: train message" in fed.log(f"supernode-{d}") for d in devices)
+              or run.poll() is not None, 300, "the first job reaching a board")
+        started = time.monotonic()
+        for victim, moment in zip(victims, moments, strict=True):
+            time.sleep(max(0.0, started + moment - time.monotonic()))
+            assert run.poll() is None and len(fed.rounds()) < 3, "the run ended before the kills"
+            killed[victim] = fed.power_off(victim)
+        _wait(lambda: run.poll() is not None, 600, "the end of the run")
+        assert (fed.out / "summary.json").exists(), fed.log("flwr-run")[-3000:]
+    _assert_ended_with_a_model(fed)
+    in_flight = sum(fed.assert_dropped_through_mqtt(v, t) for v, t in killed.items())
+    print(f"{in_flight} jobs were in flight on the boards that died")

@@ -18,7 +18,7 @@ from edgesched.config import RunConfig
 from edgesched.errors import ConfigError
 from edgesched.registry import DeviceRegistry, RegistryConfig
 from edgesched.server.federation import run_federation
-from edgesched.server.gateway import run_adaptive
+from edgesched.server.gateway import GatewayFleet, run_adaptive
 from edgesched.telemetry import Status, topic
 
 from ..grids import LocalGrid
@@ -90,7 +90,7 @@ def test_the_adaptive_scheduler_runs_over_flower_push_and_pull():
 
     assert [r.round for r, _ in rounds] == [1, 2, 3, 4]
     assert all(r.replied >= 1 for r, _ in rounds) and rounds[-1][0].accuracy > 0.5
-    configs = [m.content["config"] for m in grid.sent]
+    configs = [m.content["config"] for m in grid.sent if m.metadata.message_type == "train"]
     assert all(int(c["max-steps"]) >= 1 and int(c["local-epochs"]) >= 1 for c in configs)  # the plan's work
     plans = [e for e in result.decisions if e["kind"] == "plan" and e["selected"]]
     assert {e["device"] for e in plans} <= {f"node-{n}" for n in NODES}
@@ -99,6 +99,18 @@ def test_the_adaptive_scheduler_runs_over_flower_push_and_pull():
     # Replies named their devices: the registry now joins each device to its Flower node.
     snapshot = telemetry.registry.snapshot(time.time())
     assert {d: snapshot.devices[d].node_id for d in NODES.values()} == {v: k for k, v in NODES.items()}
+
+
+def test_every_node_is_asked_its_device_before_its_first_job():
+    """Its Last Will can end a job only if the gateway knows which node the device is."""
+    grid, telemetry = LocalGrid(NODE_CONFIGS), RecordingTelemetry()
+    fleet = GatewayFleet(grid, telemetry, sizes=[10, 10, 10])
+    assert fleet.nodes() == sorted(NODES)
+    assert [m.metadata.message_type for m in grid.sent] == ["query"] * 3
+    fleet.nodes()  # the answers are taken in
+    links = {d: s.node_id for d, s in telemetry.snapshot().devices.items()}
+    assert links == {device: node for node, device in NODES.items()}
+    assert len(grid.sent) == 3  # asked once
 
 
 class RefusingGrid(LocalGrid):
