@@ -9,6 +9,9 @@ starts a fresh process for every message).
 
 from __future__ import annotations
 
+import hashlib
+import io
+import zipfile
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -18,7 +21,8 @@ from flwr.clientapp import ClientApp
 
 from edgesched import data, partition
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
-from edgesched.telemetry import write_job_report
+from edgesched.results import atomic_write
+from edgesched.telemetry import state_dir, write_job_report
 
 if TYPE_CHECKING:
     from torch import nn
@@ -97,12 +101,35 @@ def _device_id(context: Context) -> str:
 def _local_data(job: ConfigRecord, context: Context) -> tuple[np.ndarray, np.ndarray]:
     """The job's partition; a device's node config `data-dir` overrides the server's path."""
     data_dir = str(context.node_config.get("data-dir", job["data-dir"])) or None
-    indices = _partition_indices(
-        str(job["dataset"]), data_dir, str(job["partitioner"]), int(job["num-partitions"]),
-        float(job["alpha"]), int(job["seed"]),
-    )[int(job["partition-id"])]
-    ds = data.load(str(job["dataset"]), data_dir)
+    key = (str(job["dataset"]), data_dir, str(job["partitioner"]), int(job["num-partitions"]),
+           float(job["alpha"]), int(job["seed"]), int(job["partition-id"]))
+    if "device-id" in context.node_config:  # a real board
+        return _cached_split(key)
+    return _split(key)  # a simulation worker keeps the data set in memory across jobs
+
+
+def _split(key: tuple) -> tuple[np.ndarray, np.ndarray]:
+    dataset, data_dir, scheme, num_partitions, alpha, seed, partition_id = key
+    indices = _partition_indices(dataset, data_dir, scheme, num_partitions, alpha, seed)[partition_id]
+    ds = data.load(dataset, data_dir)
     return ds.x_train[indices], ds.y_train[indices]
+
+
+def _cached_split(key: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """A board trains the same partition job after job, each in a new process: keep it decoded
+    on disk, so a job reads its share instead of decoding and splitting the whole data set."""
+    path = state_dir() / "partitions" / f"{key[0]}-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.npz"
+    try:
+        with np.load(path) as saved:
+            return saved["x"], saved["y"]
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):  # not there yet, or damaged
+        pass
+    x, y = _split(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    np.savez(buffer, x=x, y=y)
+    atomic_write(path, buffer.getvalue())
+    return x, y
 
 
 @lru_cache(maxsize=4)

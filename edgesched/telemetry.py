@@ -256,10 +256,16 @@ def job_report_path(device_id: str) -> Path:
 
     A file is the simplest hand-off that survives either process restarting: the ClientApp
     (a new process per job under a SuperNode) writes it atomically; the agent reads it
-    before each heartbeat. Override with EDGESCHED_STATE_DIR.
+    before each heartbeat.
     """
+    return state_dir() / f"{device_id}.job.json"
+
+
+def state_dir() -> Path:
+    """What a board's edgesched processes keep between jobs: EDGESCHED_STATE_DIR, else the user's
+    runtime folder, else the temp folder; always its `edgesched` subfolder."""
     base = os.environ.get("EDGESCHED_STATE_DIR") or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    return Path(base) / "edgesched" / f"{device_id}.job.json"
+    return Path(base) / "edgesched"
 
 
 def write_job_report(device_id: str, samples_per_s: float, job_s: float) -> None:

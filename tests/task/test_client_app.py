@@ -1,7 +1,10 @@
 """The ClientApp called the way a SuperNode calls it: a train message in, a reply out."""
 
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, Metadata, RecordDict
 from flwr.app.message.message import make_message
@@ -10,6 +13,15 @@ from edgesched.clients.app import app
 from edgesched.config import RunConfig
 from edgesched.jobs import job_config
 from edgesched.models import build_model
+
+PI = {"device-id": "pi4-lab-07"}
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """Where a board's ClientApp leaves its job reports and its decoded partition."""
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+    return tmp_path / "edgesched"
 
 
 def _call(message_type: str, partition_id: int, node_config: dict):
@@ -29,7 +41,7 @@ def _call(message_type: str, partition_id: int, node_config: dict):
 
 
 def test_train_reply_reports_what_it_did_and_how_fast():
-    reply = _call(MessageType.TRAIN, partition_id=2, node_config={"device-id": "pi4-lab-07"})
+    reply = _call(MessageType.TRAIN, partition_id=2, node_config=PI)
     m = reply.content["metrics"]
     assert m["partition-id"] == 2
     assert m["samples"] == 2 * m["num-examples"] > 0  # two local epochs
@@ -46,3 +58,36 @@ def test_evaluate_reply_and_default_device_id():
     assert 0.0 <= m["accuracy"] <= 1.0 and m["num-examples"] > 0
     assert reply.content["device"]["device-id"] == "node-7"
     assert "arrays" not in reply.content
+
+
+def test_a_board_keeps_its_partition_decoded_between_jobs(state_dir):
+    simulated = _call(MessageType.TRAIN, partition_id=3, node_config={})  # in memory: nothing written
+    assert not (state_dir / "partitions").exists()
+    first = _call(MessageType.TRAIN, partition_id=3, node_config=PI)
+    (cached,) = (state_dir / "partitions").iterdir()
+    with np.load(cached) as saved:
+        assert len(saved["y"]) == first.content["metrics"]["num-examples"]
+    again = _call(MessageType.TRAIN, partition_id=3, node_config=PI)  # read from the cache
+    for reply in (first, again):  # the same data, so the same seeded job gives the same weights
+        for name, array in simulated.content["arrays"].items():
+            assert np.array_equal(reply.content["arrays"][name].numpy(), array.numpy()), name
+    cached.write_bytes(b"torn by a power cut")
+    assert _call(MessageType.TRAIN, partition_id=3, node_config=PI).content["metrics"]["num-examples"] > 0
+    with np.load(cached) as saved:  # rebuilt
+        assert len(saved["y"]) == first.content["metrics"]["num-examples"]
+
+
+def test_a_query_names_the_device_without_loading_torch():
+    code = """
+import sys, time
+from flwr.app import Context, Metadata, RecordDict
+from flwr.app.message.message import make_message
+from edgesched.clients.app import app
+metadata = Metadata(run_id=1, message_id="q", src_node_id=1, dst_node_id=7, reply_to_message_id="", group_id="id",
+                    created_at=time.time(), ttl=60, message_type="query")
+context = Context(run_id=1, node_id=7, node_config={"device-id": "pi4-lab-07"}, state=RecordDict(), run_config={})
+reply = app(make_message(metadata, RecordDict()), context)
+print(reply.content["device"]["device-id"], "torch" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["pi4-lab-07", "False"], done.stderr[-2000:]
