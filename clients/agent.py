@@ -47,6 +47,7 @@ class Agent:
         config: AgentConfig,
         read_resources: Callable[[], dict[str, object]] = probes.read_resources,
         clock: Callable[[], float] = time.time,
+        speed_test: dict[str, object] | None = None,
     ) -> None:
         self.config = config
         self._read_resources = read_resources
@@ -59,6 +60,7 @@ class Agent:
         self._rtt_ms: float | None = None
         self._stopping = False
         cid = config.device_id
+        self._capabilities = Capabilities(device_id=cid, **probes.capabilities(), **(speed_test or {}))
         self._status_topic = topic(config.fleet, cid, "status")
         will = Status(cid, "offline", self.session).to_json()
         self._client, _ = make_client(config.broker, f"edgesched-agent-{config.fleet}-{cid}", ca_file=config.ca_file,
@@ -120,8 +122,8 @@ class Agent:
         log.info("connected to %s", self.config.broker)
         cid = self.config.device_id
         client.publish(self._status_topic, Status(cid, "online", self.session).to_json(), qos=1, retain=True)
-        caps = Capabilities(device_id=cid, **probes.capabilities())
-        client.publish(topic(self.config.fleet, cid, "capabilities"), caps.to_json(), qos=1, retain=True)
+        client.publish(topic(self.config.fleet, cid, "capabilities"), self._capabilities.to_json(), qos=1,
+                       retain=True)
         with self._lock:
             if self._pending is not None:
                 self._publish_heartbeat(self._pending)
@@ -138,9 +140,19 @@ class Agent:
             self._rtt_ms = (time.monotonic() - sent) * 1000.0
 
 
-def run_agent(config: AgentConfig) -> None:
-    """Run until SIGTERM/SIGINT; the signal only sets an event, so the goodbye always runs."""
+def run_agent(config: AgentConfig, speed_test: str | None = None) -> None:
+    """Run until SIGTERM/SIGINT; the signal only sets an event, so the goodbye always runs.
+
+    With `speed_test` (a data set's name), first time onnxruntime on that data set's model and
+    publish the speed with the capabilities: the gateway's prior for the board's first job."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    Agent(config).run(stop)
+    measured = None
+    if speed_test is not None:
+        from edgesched.export import infer_samples_per_s
+
+        sps = infer_samples_per_s(speed_test)
+        log.info("speed test: onnxruntime infers %.0f %s samples/s", sps, speed_test)
+        measured = {"speedtest_model": speed_test, "speedtest_infer_sps": sps}
+    Agent(config, speed_test=measured).run(stop)

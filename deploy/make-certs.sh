@@ -87,6 +87,7 @@ MQTT_PORT=8883
 EDGESCHED_MQTT_PASSWORD=$password
 EDGESCHED_STATE_DIR=/var/lib/edgesched
 FLWR_TELEMETRY_ENABLED=0
+AGENT_ARGS=
 EOF
     chmod 600 "$bundle/device.env" "$bundle/supernode.key"
     echo "device $id: bundle in $bundle; register it with: flwr supernode register $bundle/supernode.key.pub"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import click
 import typer
 
-from edgesched.config import GATEWAY_STRATEGIES, STRATEGIES, RunConfig
+from edgesched.config import DATASETS, GATEWAY_STRATEGIES, STRATEGIES, RunConfig
 from edgesched.errors import ConfigError, EdgeschedError
 
 if TYPE_CHECKING:
@@ -233,6 +233,10 @@ def agent(
     username: Annotated[str | None, Opt(help="MQTT user name (usually the device id).")] = None,
     password: Annotated[str | None, Opt(help="MQTT password; better set EDGESCHED_MQTT_PASSWORD, which other "
                                              "users cannot see in the process list.")] = None,
+    speed_test: Annotated[str | None, Opt(help=(
+        "Data set (fmnist, hapt, digits) whose model to time with onnxruntime for about a second at start-up; "
+        "the speed is published with the capabilities, so the gateway has an estimate for this board's first "
+        "job of a run on that data set. Needs torch, onnx and onnxruntime."))] = None,
 ) -> None:
     """Publish this device's resources to the gateway over MQTT until stopped.
 
@@ -252,10 +256,12 @@ def agent(
             raise ConfigError(f"{name} {value!r}: use 1-64 letters, digits, '_', '.' or '-'")
     if interval <= 0 or keepalive < 1:
         raise ConfigError("--interval must be > 0 and --keepalive >= 1")
+    if speed_test is not None and speed_test not in DATASETS:
+        raise ConfigError(f"--speed-test {speed_test!r}: choose one of {', '.join(DATASETS)}")
     url = BrokerURL.parse(broker, username, password)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config = AgentConfig(url, device_id, fleet, interval, keepalive, str(ca_file) if ca_file else None)
-    run_agent(config)
+    run_agent(config, speed_test)
 
 
 def main(argv: list[str] | None = None) -> int:

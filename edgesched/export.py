@@ -13,6 +13,7 @@ model — same loss, same accuracy, to float rounding — so it can be checked b
 from __future__ import annotations
 
 import io
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,6 +60,25 @@ def evaluate_onnx(model: bytes | Path, x: np.ndarray, y: np.ndarray, batch_size:
         loss += float(np.sum(log_norm - logits[np.arange(len(yb)), yb]))
         correct += int(np.sum(logits.argmax(axis=1) == yb))
     return loss / len(y), correct / len(y)
+
+
+def infer_samples_per_s(dataset: str, seconds: float = 1.0, batch_size: int = 32) -> float:
+    """How many samples a second this machine's onnxruntime infers with the data set's model
+    (random weights and inputs: speed does not depend on them), timed for about `seconds`."""
+    _require("onnxruntime")
+    import onnxruntime
+
+    model = build_model(dataset)
+    session = onnxruntime.InferenceSession(to_onnx(dataset, {k: v.detach().numpy() for k, v in
+                                                             model.state_dict().items()}),
+                                           providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((batch_size, *INPUT_SHAPES[dataset])).astype(np.float32)
+    session.run(None, {"x": x})  # warm-up: the first run allocates
+    done, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        session.run(None, {"x": x})
+        done += batch_size
+    return done / elapsed
 
 
 def _require(module: str) -> None:

@@ -80,6 +80,7 @@ class DeviceView:
     heartbeat: Heartbeat | None = None
     board: str | None = None
     battery_drain_pct_s: float | None = None  # from its heartbeat history; > 0 means falling
+    speed_test_sps: float | None = None  # samples/s its agent inferred with the run's model (onnxruntime)
 
 
 @dataclass
@@ -165,6 +166,9 @@ class Scheduler:
 
     def _candidates(self, views: Sequence[DeviceView]) -> tuple[Candidates, dict[str, Prediction]]:
         z = self.predictor.config.quantile_z
+        for v in views:
+            if v.speed_test_sps:
+                self.predictor.note_speed_test(v.device, v.speed_test_sps)
         preds = {v.device: self.predictor.predict(v.device, v.heartbeat, v.board) for v in views}
         high = [math.exp(z * preds[v.device].log_sd) for v in views]
         sps = np.array([preds[v.device].seconds_per_sample for v in views]) * high
@@ -345,9 +349,12 @@ def battery_drain(history: Sequence[Heartbeat]) -> float | None:
 
 
 def device_view(state: DeviceState, samples: int, history: Sequence[Heartbeat],
-                device: str | None = None) -> DeviceView:
-    """A registry entry as the planner sees it (`device`: the id to plan under, if not its own)."""
+                device: str | None = None, dataset: str | None = None) -> DeviceView:
+    """A registry entry as the planner sees it (`device`: the id to plan under, if not its own;
+    `dataset`: the run's, whose model a speed test must have timed to count)."""
     hb = state.heartbeat
     drain = battery_drain(history) if hb is not None and hb.battery_percent is not None else None
-    board = state.capabilities.board if state.capabilities else None
-    return DeviceView(device or state.device_id, samples, hb, board, drain)
+    caps = state.capabilities
+    board = caps.board if caps else None
+    tested = caps.speedtest_infer_sps if caps and dataset and caps.speedtest_model == dataset else None
+    return DeviceView(device or state.device_id, samples, hb, board, drain, tested)

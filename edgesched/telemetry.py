@@ -165,6 +165,8 @@ class Capabilities(_WireMessage):
     accelerator: str | None = None
     torch: str | None = None
     onnxruntime: str | None = None
+    speedtest_model: str | None = None  # the data set whose model the agent's start-up speed test ran
+    speedtest_infer_sps: float | None = None  # samples/s it inferred with onnxruntime
     v: int = SCHEMA_VERSION
 
     RULES: ClassVar[dict[str, _Rule]] = {
@@ -177,6 +179,8 @@ class Capabilities(_WireMessage):
         "accelerator": _rule((str,), optional=True),
         "torch": _rule((str,), optional=True),
         "onnxruntime": _rule((str,), optional=True),
+        "speedtest_model": _rule((str,), optional=True),
+        "speedtest_infer_sps": _rule(_NUM, 1e-3, 1e9, optional=True),
         "v": _rule((int,), SCHEMA_VERSION, SCHEMA_VERSION),
     }
 

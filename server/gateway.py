@@ -38,8 +38,10 @@ NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
 
 
 class GatewayFleet:
-    def __init__(self, grid: object, telemetry: RegistryListener | None, sizes: list[int]) -> None:
+    def __init__(self, grid: object, telemetry: RegistryListener | None, sizes: list[int],
+                 dataset: str | None = None) -> None:
         self._grid = grid
+        self._dataset = dataset
         self._telemetry = telemetry
         self._sizes = sizes
         self._partition: dict[int, int] = {}
@@ -87,7 +89,7 @@ class GatewayFleet:
                 views.append(DeviceView(f"node-{node}", samples))
             elif state.online:
                 history = self._telemetry.history(state.device_id) if self._telemetry else ()
-                views.append(device_view(state, samples, history, device=f"node-{node}"))
+                views.append(device_view(state, samples, history, device=f"node-{node}", dataset=self._dataset))
         return views
 
     def target(self, device: str) -> tuple[int, int]:
@@ -159,8 +161,9 @@ def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
         path.parent.mkdir(parents=True, exist_ok=True)
     save = (lambda loop, s: write_checkpoint(path, GatewayCheckpoint(cfg, loop, s, logs and logs()))) if path else None
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    result = run_semi_async(grid, WallClock(), GatewayFleet(grid, telemetry, sizes), scheduler, cfg, weights,
-                            scorer(model, ds.x_test, ds.y_test), on_round, saved and saved.loop, save)
+    fleet = GatewayFleet(grid, telemetry, sizes, cfg.dataset)
+    result = run_semi_async(grid, WallClock(), fleet, scheduler, cfg, weights, scorer(model, ds.x_test, ds.y_test),
+                            on_round, saved and saved.loop, save)
     if path:
         path.unlink(missing_ok=True)  # the run is complete
     return FederationResult(result.weights, result.rounds, scheduler.log)

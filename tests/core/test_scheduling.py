@@ -10,9 +10,10 @@ import pytest
 from edgesched.aggregate import Update, fednova, momentum_steps
 from edgesched.feedback import ConvergenceMonitor, Knobs
 from edgesched.plan import Candidates, PlanConfig, plan_round
-from edgesched.predict import Predictor, PredictorConfig
-from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig
-from edgesched.telemetry import Heartbeat
+from edgesched.predict import TRAIN_OVER_INFER, Predictor, PredictorConfig
+from edgesched.registry import DeviceState
+from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig, device_view
+from edgesched.telemetry import Capabilities, Heartbeat
 
 
 def candidates(sps: list[float], transfer: list[float], samples: int = 600, **over: object) -> Candidates:
@@ -170,6 +171,28 @@ def test_predictor_converges_after_a_device_slows_down():
     assert abs(errors[10]) > 0.5  # the change is a surprise
     assert abs(errors[-1]) < 0.05  # and is learned again
     assert p.predict("d", None, "pi").seconds_per_sample == pytest.approx(0.004, rel=0.05)
+
+
+def test_a_speed_test_is_the_prior_until_the_device_reports_or_finishes_a_job():
+    p = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.01})
+    p.note_speed_test("d", infer_samples_per_s=2500.0)  # its agent's onnxruntime run
+    assert p.predict("d", None, "pi").seconds_per_sample == pytest.approx(TRAIN_OVER_INFER / 2500.0)
+    measured = hb("d", 0.0, train_samples_per_s=400.0)  # the ClientApp's own measure wins
+    assert p.predict("d", measured, "pi").seconds_per_sample == pytest.approx(1 / 400.0)
+    pred = p.predict("d", None, "pi")
+    p.observe("d", pred, 1000, 3.0, 3.5, factor=1.0)  # and a finished job wins over both
+    assert p.predict("d", measured, "pi").seconds_per_sample == pytest.approx(0.003)
+
+
+def test_a_speed_test_counts_only_for_the_model_it_timed():
+    caps = Capabilities("pi-1", "Raspberry Pi 5", 4, 8000.0, "Linux", "3.11", speedtest_model="fmnist",
+                        speedtest_infer_sps=2500.0)
+    state = DeviceState("pi-1", True, 0.0, None, caps, 7, None)
+    assert device_view(state, 600, (), dataset="fmnist").speed_test_sps == 2500.0
+    assert device_view(state, 600, (), dataset="hapt").speed_test_sps is None
+    s = scheduler(k=1)
+    assert len(s.plan(1, 0.0, [device_view(state, 600, (), dataset="fmnist")])) == 1
+    assert s.predictor.predict("pi-1").seconds_per_sample == pytest.approx(TRAIN_OVER_INFER / 2500.0)
 
 
 def test_predictor_separates_the_devices_speed_from_its_load():

@@ -56,6 +56,7 @@ def test_help_teaches_the_options():
         (["--broker", "mqtt://gw", "--device-id", "pi-1", "--interval", "0"], "--interval must be > 0"),
         (["--broker", "mqtts://gw", "--device-id", "pi-1", "--ca-file", "/no/ca.pem"], "CA file /no/ca.pem"),
         (["--device-id", "pi-1"], "Missing option '--broker'"),
+        (["--broker", "mqtt://gw", "--device-id", "pi-1", "--speed-test", "cifar"], "--speed-test 'cifar'"),
     ],
 )
 def test_agent_bad_input_is_one_clear_line(args, says):

@@ -44,6 +44,14 @@ def test_heartbeats_reach_the_registry(broker, listen, agents, tmp_path, monkeyp
     assert listener.snapshot().dropped == {}
 
 
+def test_the_agents_speed_test_reaches_the_registry_with_its_capabilities(broker, listen, agents):
+    listener = listen(broker.url)
+    agents(broker.url, "pi-fast", "--speed-test", "digits")
+    wait_until(_online_with_beats(listener, "pi-fast", 1), 60, "pi-fast online after its speed test")
+    caps = _device(listener, "pi-fast").capabilities
+    assert caps.speedtest_model == "digits" and caps.speedtest_infer_sps > 100
+
+
 def test_sigkill_is_marked_offline_by_the_last_will(broker, listen, agents):
     listener = listen(broker.url)
     proc = agents(broker.url, "pi-kill")
