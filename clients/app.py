@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 app = ClientApp()
+# Which partition: data set, data folder, partitioner, partitions, alpha, seed, partition id.
+PartitionKey = tuple[str, str | None, str, int, float, int, int]
 
 
 @app.query()
@@ -101,21 +103,21 @@ def _device_id(context: Context) -> str:
 def _local_data(job: ConfigRecord, context: Context) -> tuple[np.ndarray, np.ndarray]:
     """The job's partition; a device's node config `data-dir` overrides the server's path."""
     data_dir = str(context.node_config.get("data-dir", job["data-dir"])) or None
-    key = (str(job["dataset"]), data_dir, str(job["partitioner"]), int(job["num-partitions"]),
+    key: PartitionKey = (str(job["dataset"]), data_dir, str(job["partitioner"]), int(job["num-partitions"]),
            float(job["alpha"]), int(job["seed"]), int(job["partition-id"]))
     if "device-id" in context.node_config:  # a real board
         return _cached_split(key)
     return _split(key)  # a simulation worker keeps the data set in memory across jobs
 
 
-def _split(key: tuple) -> tuple[np.ndarray, np.ndarray]:
+def _split(key: PartitionKey) -> tuple[np.ndarray, np.ndarray]:
     dataset, data_dir, scheme, num_partitions, alpha, seed, partition_id = key
     indices = _partition_indices(dataset, data_dir, scheme, num_partitions, alpha, seed)[partition_id]
     ds = data.load(dataset, data_dir)
     return ds.x_train[indices], ds.y_train[indices]
 
 
-def _cached_split(key: tuple) -> tuple[np.ndarray, np.ndarray]:
+def _cached_split(key: PartitionKey) -> tuple[np.ndarray, np.ndarray]:
     """A board trains the same partition job after job, each in a new process: keep it decoded
     on disk, so a job reads its share instead of decoding and splitting the whole data set."""
     path = state_dir() / "partitions" / f"{key[0]}-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}.npz"
