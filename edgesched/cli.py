@@ -98,6 +98,10 @@ def simulate(
         "With --fleet: probability that a delivered update is corrupt — NaN, or 100x too large — as from a "
         "board with failing memory or a broken client build (overrides the file)."
     ))] = None,
+    onnx_every_round: Annotated[bool, Opt("--onnx-every-round", help=(
+        "Also write each round's global model as RUN_DIR/onnx/round-NNNN.onnx, for boards that only infer "
+        "(needs onnx: pip install 'edgesched[onnx]'). `edgesched export --onnx` writes the final one."
+    ))] = False,
     resume: Annotated[Path | None, Opt(help=(
         "Continue a stopped fleet run (killed, crashed, the machine rebooted) from its run directory, with "
         "its own settings: the adaptive scheduler's strategies checkpoint after every round, and the resumed "
@@ -111,7 +115,7 @@ def simulate(
 
     The run directory holds config.json (what ran), rounds.csv (test accuracy and loss per
     round), jobs.csv (each client job: samples, steps, seconds, samples/s), summary.json,
-    model.npz (the final global weights) and accuracy.png.
+    model.npz (the final global weights) and accuracy.png; with --onnx-every-round, also onnx/.
     """
     if resume is not None:
         given = [f"--{name.replace('_', '-')}" for name in click.get_current_context().params
@@ -122,8 +126,12 @@ def simulate(
         _resume_fleet(resume)
         return
     if fleet is not None:
-        _simulate_fleet(fleet, strategy or "edgesched", broker, seed, rounds, dropout, bad_updates,
-                        str(data_dir) if data_dir else None, out)
+        from edgesched.simulations.fleet import load_fleet
+
+        spec = load_fleet(fleet).with_overrides(
+            seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
+            strategy=strategy or "edgesched", bad_updates=bad_updates, onnx_every_round=onnx_every_round)
+        _simulate_fleet(spec, broker, out)
         return
     if dropout is not None or broker is not None or bad_updates is not None:
         raise ConfigError("--dropout, --bad-updates and --broker need --fleet: they describe a virtual fleet")
@@ -133,7 +141,7 @@ def simulate(
     cfg = RunConfig(
         dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, partitioner=partitioner,
         alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
-        client_cpus=client_cpus, broker="none", strategy=strategy or "fedavg",
+        client_cpus=client_cpus, broker="none", strategy=strategy or "fedavg", onnx_every_round=onnx_every_round,
         **{k: v for k, v in optional.items() if v is not None},
     ).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -146,14 +154,10 @@ def simulate(
     )
 
 
-def _simulate_fleet(name: str, strategy: str, broker: str | None, seed: int | None, rounds: int | None,
-                    dropout: float | None, bad_updates: float | None, data_dir: str | None, out: Path | None) -> None:
-    from edgesched.simulations.fleet import load_fleet
+def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None) -> None:
     from edgesched.simulations.fleet_run import IN_PROCESS, simulate_fleet
 
-    spec = load_fleet(name).with_overrides(seed=seed, rounds=rounds, dropout=dropout, data_dir=data_dir,
-                                           strategy=strategy, bad_updates=bad_updates)
-    out_dir = out or Path("runs") / f"{spec.name}-{strategy}-{datetime.now():%Y%m%d-%H%M%S}"
+    out_dir = out or Path("runs") / f"{spec.name}-{spec.run.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
     _report(spec, out_dir, simulate_fleet(spec, out_dir, broker or IN_PROCESS))
 
 

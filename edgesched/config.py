@@ -79,6 +79,7 @@ class RunConfig:
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
     checkpoint_dir: str | None = None  # gateway: checkpoint every round here; a restart with it resumes
     out_dir: str | None = None  # gateway: write the run directory (model.npz, rounds.csv, ...) here
+    onnx_every_round: bool = False  # also write each round's global model as onnx/round-NNNN.onnx
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -171,6 +172,12 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             return int(value)
+        if kind == "bool":
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
         if kind == "float":
             if isinstance(value, bool):
                 raise ValueError

@@ -31,7 +31,7 @@ def to_onnx(dataset: str, weights: Mapping[str, np.ndarray]) -> bytes:
     """The data set's model carrying `weights` (a state dict of arrays), as ONNX bytes."""
     import torch
 
-    _require("onnx")
+    require("onnx")
     model = build_model(dataset)
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
     model.eval()
@@ -46,7 +46,7 @@ def to_onnx(dataset: str, weights: Mapping[str, np.ndarray]) -> bytes:
 
 def evaluate_onnx(model: bytes | Path, x: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> tuple[float, float]:
     """Mean cross-entropy loss and accuracy of an ONNX model on (x, y), with onnxruntime on the CPU."""
-    _require("onnxruntime")
+    require("onnxruntime")
     import onnxruntime
 
     source = str(model) if isinstance(model, Path) else model
@@ -65,7 +65,7 @@ def evaluate_onnx(model: bytes | Path, x: np.ndarray, y: np.ndarray, batch_size:
 def infer_samples_per_s(dataset: str, seconds: float = 1.0, batch_size: int = 32) -> float:
     """How many samples a second this machine's onnxruntime infers with the data set's model
     (random weights and inputs: speed does not depend on them), timed for about `seconds`."""
-    _require("onnxruntime")
+    require("onnxruntime")
     import onnxruntime
 
     model = build_model(dataset)
@@ -81,7 +81,8 @@ def infer_samples_per_s(dataset: str, seconds: float = 1.0, batch_size: int = 32
     return done / elapsed
 
 
-def _require(module: str) -> None:
+def require(module: str) -> None:
+    """Fail with the install hint if `module` (onnx, onnxruntime) is missing."""
     try:
         __import__(module)
     except ImportError:

@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import pickle
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -53,8 +54,18 @@ class JobRecord:
     loss: float
 
 
+Model = Mapping[str, np.ndarray]  # the global model: parameter name -> weights
+# Called after each round with its record, the jobs that counted in it, and the new global model.
+RoundCallback = Callable[[RoundRecord, list[JobRecord], Model], None]
+
+
 class RunRecorder:
-    """Writes a run directory as the run goes; `finish` adds the summary, weights and plot."""
+    """Writes a run directory as the run goes; `finish` adds the summary, weights and plot.
+
+    With the config's `onnx-every-round`, each round's global model is also written as
+    `onnx/round-NNNN.onnx`, so boards that only infer can take the newest model while the run
+    goes on (edgesched.export; about 0.2 s a round for the Fashion-MNIST CNN).
+    """
 
     def __init__(self, out_dir: Path, config: dict[str, Any], resume: dict[str, int] | None = None,
                  rounds: list[RoundRecord] | None = None) -> None:
@@ -64,6 +75,12 @@ class RunRecorder:
             raise ConfigError(f"{out_dir} already holds a finished run; choose another --out")
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_dir = out_dir
+        self._onnx = config["dataset"] if config.get("onnx-every-round") else None
+        if self._onnx:
+            from edgesched.export import require
+
+            require("onnx")  # before the run starts, not after its first round
+            (out_dir / "onnx").mkdir(exist_ok=True)
         self.rounds: list[RoundRecord] = list(rounds or [])
         if resume is None:
             (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -74,7 +91,11 @@ class RunRecorder:
         """Bytes written to each log so far: where a resumed run continues them."""
         return {"rounds.csv": self._round_csv.tell(), "jobs.csv": self._job_csv.tell()}
 
-    def on_round(self, record: RoundRecord, jobs: list[JobRecord]) -> None:
+    def on_round(self, record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
+        if self._onnx:
+            from edgesched.export import to_onnx
+
+            atomic_write(self.out_dir / "onnx" / f"round-{record.round:04d}.onnx", to_onnx(self._onnx, model))
         self.rounds.append(record)
         self._round_csv.write(record)
         for job in jobs:

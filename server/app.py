@@ -12,15 +12,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from edgesched.config import GATEWAY_STRATEGIES, RunConfig
 from edgesched.errors import ConfigError
-from edgesched.results import JobRecord, RoundRecord, RunRecorder
-from edgesched.server.federation import FederationResult, RoundCallback, run_federation
+from edgesched.results import JobRecord, Model, RoundCallback, RoundRecord, RunRecorder
+from edgesched.server.federation import FederationResult, run_federation
 from edgesched.server.gateway import run_adaptive, saved_run
 from edgesched.server.telemetry import open_telemetry
 
 log = logging.getLogger(__name__)
 
 
-def _log_round(record: RoundRecord, jobs: list[JobRecord]) -> None:
+def _log_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
     log.info("round %d: accuracy %.4f, loss %.4f, %d sent, %d updates in", record.round,
              record.accuracy, record.loss, record.selected, record.replied)
 
@@ -45,10 +45,10 @@ def make_server_app(
             resume = saved.logs if saved else None
             recorder = RunRecorder(Path(cfg.out_dir), cfg.to_mapping(), resume, saved.loop.history if resume else None)
 
-        def record(rnd: RoundRecord, jobs: list[JobRecord]) -> None:
-            on_round(rnd, jobs)
+        def record(rnd: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
+            on_round(rnd, jobs, model)
             if recorder is not None:
-                recorder.on_round(rnd, jobs)
+                recorder.on_round(rnd, jobs, model)
 
         with open_telemetry(cfg) as telemetry:
             if cfg.strategy == "edgesched":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +23,10 @@ from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_config
 from edgesched.mqtt import RegistryListener
-from edgesched.results import JobRecord, RoundRecord
+from edgesched.results import JobRecord, RoundCallback, RoundRecord
 
 log = logging.getLogger(__name__)
 NODE_WAIT_SECONDS = 120.0
-
-RoundCallback = Callable[[RoundRecord, list[JobRecord]], None]
-
 
 @dataclass(frozen=True)
 class FederationResult:
@@ -95,7 +91,7 @@ def run_federation(
             seconds=time.monotonic() - start,
         )
         history.append(record)
-        on_round(record, jobs)
+        on_round(record, jobs, dict(zip(keys, weights, strict=True)))
     return FederationResult(dict(zip(keys, weights, strict=True)), history)
 
 

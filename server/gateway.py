@@ -27,9 +27,9 @@ from edgesched.models import model_size
 from edgesched.mqtt import RegistryListener
 from edgesched.predict import Predictor
 from edgesched.registry import DeviceState
-from edgesched.results import read_checkpoint, write_checkpoint
+from edgesched.results import RoundCallback, read_checkpoint, write_checkpoint
 from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig, device_view
-from edgesched.server.federation import FederationResult, RoundCallback, wait_for_nodes
+from edgesched.server.federation import FederationResult, wait_for_nodes
 from edgesched.server.semi_async import LoopState, WallClock, run_semi_async
 
 log = logging.getLogger(__name__)

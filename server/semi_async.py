@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
 from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_config
-from edgesched.results import JobRecord, RoundRecord
+from edgesched.results import JobRecord, RoundCallback, RoundRecord
 from edgesched.scheduler import DeviceView, Scheduler
 from edgesched.server.federation import FederationResult, job_record, mean_train_loss
 
@@ -113,7 +113,7 @@ SaveState = Callable[[LoopState, Scheduler], None]  # called after each round: a
 
 def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Scheduler, cfg: RunConfig,
                    weights: dict[str, np.ndarray], evaluate: Evaluate,
-                   on_round: Callable[[RoundRecord, list[JobRecord]], None],
+                   on_round: RoundCallback,
                    resume: LoopState | None = None, checkpoint: SaveState | None = None) -> FederationResult:
     """Run rounds until `cfg.rounds`, from `resume` if given; `checkpoint` is called after each."""
     state = resume or LoopState(0, list(weights), list(weights.values()), {}, {}, [])
@@ -160,7 +160,7 @@ def run_semi_async(grid: Grid, clock: Clock, fleet: FleetView, scheduler: Schedu
             seconds=time.monotonic() - started, virtual_seconds=clock.now() if clock.virtual else None,
         )
         history.append(record)
-        on_round(record, intake.jobs)
+        on_round(record, intake.jobs, dict(zip(keys, current, strict=True)))
         if checkpoint is not None:
             checkpoint(LoopState(rnd, keys, current, bases, pending, history), scheduler)
     return FederationResult(dict(zip(keys, current, strict=True)), history)

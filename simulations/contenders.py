@@ -27,7 +27,7 @@ import numpy as np
 from edgesched import data
 from edgesched.config import RunConfig
 from edgesched.models import model_size
-from edgesched.results import JobRecord, RoundRecord, RunRecorder, prediction_error
+from edgesched.results import RoundCallback, RoundRecord, RunRecorder, prediction_error
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.fleet import FleetSpec
@@ -36,7 +36,6 @@ from edgesched.simulations.heartbeats import RegistryFleetView, VirtualTelemetry
 if TYPE_CHECKING:
     from edgesched.server.semi_async import SaveState
 
-OnRound = Callable[[RoundRecord, list[JobRecord]], None]
 Weights = dict[str, np.ndarray]
 DEADLINE_OVERSELECT = 1.3
 # Each ablation turns one mechanism off; without equal-finish work every device trains FedAvg's
@@ -55,7 +54,7 @@ def devices_per_round(cfg: RunConfig) -> int:
 
 
 def run_contender(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: VirtualTelemetry, sizes: list[int],
-                  on_round: OnRound, recorder: RunRecorder, checkpoint: SaveState | None = None,
+                  on_round: RoundCallback, recorder: RunRecorder, checkpoint: SaveState | None = None,
                   resume: Any = None) -> tuple[Weights, dict[str, Any]]:
     """Run `spec.run.strategy` on the grid; returns the final weights and extra summary figures.
 
@@ -95,7 +94,7 @@ def nominal_deadline(fleet: VirtualFleet, sizes: list[int], cfg: RunConfig, quan
 
 
 def _flower(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int],
-            on_round: OnRound) -> tuple[Weights, dict[str, Any]]:
+            on_round: RoundCallback) -> tuple[Weights, dict[str, Any]]:
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
     from flwr.serverapp.strategy import FedAvg, FedProx
 
@@ -115,7 +114,7 @@ def _flower(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int],
                 selected=out.selected, replied=out.delivered, failed=out.dropped + out.late,
                 samples=sum(j.samples for j in jobs), seconds=time.monotonic() - started,
                 virtual_seconds=out.ended_at,
-            ), jobs)
+            ), jobs, dict(zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)))
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
     # The grid offers exactly devices_per_round candidates; the strategy takes them all.
@@ -130,7 +129,7 @@ def _flower(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int],
 
 
 def _scheduler(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, telemetry: VirtualTelemetry, sizes: list[int],
-               on_round: OnRound, recorder: RunRecorder, checkpoint: SaveState | None,
+               on_round: RoundCallback, recorder: RunRecorder, checkpoint: SaveState | None,
                resume: Any) -> tuple[Weights, dict[str, Any]]:
     from edgesched.predict import Predictor, PredictorConfig
     from edgesched.scheduler import Scheduler, SchedulerConfig

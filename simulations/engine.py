@@ -19,7 +19,7 @@ from edgesched import data
 from edgesched.config import RunConfig
 from edgesched.errors import EdgeschedError
 from edgesched.models import model_size
-from edgesched.results import JobRecord, RoundRecord, RunRecorder, prediction_error
+from edgesched.results import JobRecord, Model, RoundRecord, RunRecorder, prediction_error
 from edgesched.simulations.progress import RoundProgress
 
 if TYPE_CHECKING:
@@ -38,8 +38,8 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     started = time.monotonic()
     with RoundProgress(cfg.rounds) as progress:
 
-        def on_round(record: RoundRecord, jobs: list[JobRecord]) -> None:
-            recorder.on_round(record, jobs)
+        def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
+            recorder.on_round(record, jobs, model)
             progress.on_round(record, jobs)
 
         run_engine(make_server_app(cfg, on_round, results.append), cfg, num_nodes=cfg.clients or 1)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from edgesched.aggregate import staleness_weight
 from edgesched.config import RunConfig
-from edgesched.results import JobRecord, RoundRecord
+from edgesched.results import JobRecord, RoundCallback, RoundRecord
 from edgesched.server.federation import FederationResult, job_record, mean_train_loss
 from edgesched.server.semi_async import (
     Clock,
@@ -35,7 +34,7 @@ from edgesched.server.semi_async import (
 
 
 def run_fedbuff(grid: Grid, clock: Clock, fleet: FleetView, cfg: RunConfig, weights: dict[str, np.ndarray],
-                evaluate: Evaluate, on_round: Callable[[RoundRecord, list[JobRecord]], None]) -> FederationResult:
+                evaluate: Evaluate, on_round: RoundCallback) -> FederationResult:
     rng = np.random.default_rng(cfg.seed)
     k = cfg.clients_per_round
     concurrency = math.ceil(k * cfg.max_overselect)
@@ -93,5 +92,5 @@ def run_fedbuff(grid: Grid, clock: Clock, fleet: FleetView, cfg: RunConfig, weig
             seconds=time.monotonic() - started, virtual_seconds=clock.now() if clock.virtual else None,
         )
         history.append(record)
-        on_round(record, jobs)
+        on_round(record, jobs, dict(zip(keys, current, strict=True)))
     return FederationResult(dict(zip(keys, current, strict=True)), history)

@@ -59,7 +59,7 @@ class FleetSpec:
 
     def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
                        data_dir: str | None = None, strategy: str | None = None,
-                       bad_updates: float | None = None) -> FleetSpec:
+                       bad_updates: float | None = None, onnx_every_round: bool = False) -> FleetSpec:
         """The same fleet with CLI overrides applied (None keeps the file's value)."""
         run = dataclasses.replace(
             self.run,
@@ -67,6 +67,7 @@ class FleetSpec:
             rounds=rounds or self.run.rounds,
             data_dir=data_dir or self.run.data_dir,
             strategy=strategy or self.run.strategy,
+            onnx_every_round=onnx_every_round or self.run.onnx_every_round,
         )
         dynamics = dataclasses.replace(
             self.dynamics,

@@ -25,7 +25,7 @@ from edgesched import data, partition
 from edgesched.errors import EdgeschedError
 from edgesched.models import model_size
 from edgesched.registry import DeviceRegistry, RegistryConfig
-from edgesched.results import JobRecord, RoundRecord, RunRecorder, open_log, plot_accuracy
+from edgesched.results import JobRecord, Model, RoundRecord, RunRecorder, open_log, plot_accuracy
 from edgesched.scheduler import Scheduler
 from edgesched.server.semi_async import LoopState
 from edgesched.simulations import checkpoint
@@ -76,8 +76,8 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
         with open_log(out_dir / "events.jsonl", events_at) as events, \
                 RoundProgress(cfg.rounds, done=resume.loop.round if resume else 0) as progress:
 
-            def on_round(record: RoundRecord, jobs: list[JobRecord]) -> None:
-                recorder.on_round(record, jobs)
+            def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
+                recorder.on_round(record, jobs, model)
                 progress.on_round(record, jobs)
 
             def main(grid: Any, context: Any) -> None:

@@ -9,6 +9,11 @@ def test_from_mapping_reads_kebab_case_and_coerces_strings():
     assert (cfg.dataset, cfg.local_epochs, cfg.lr, cfg.fraction_train) == ("digits", 3, 0.1, 1.0)
 
 
+@pytest.mark.parametrize(("value", "expected"), [(True, True), (False, False), ("true", True), ("False", False)])
+def test_switches_take_booleans_or_their_words(value, expected):
+    assert RunConfig.from_mapping({"onnx-every-round": value}).onnx_every_round is expected
+
+
 @pytest.mark.parametrize(
     ("values", "key"),
     [
@@ -20,6 +25,8 @@ def test_from_mapping_reads_kebab_case_and_coerces_strings():
         ({"dataset": "cifar"}, "dataset"),
         ({"partitioner": "shards"}, "partitioner"),
         ({"lr": True}, "lr"),
+        ({"onnx-every-round": "yes"}, "onnx-every-round"),
+        ({"onnx-every-round": 1}, "onnx-every-round"),
         ({"broker": "tcp://gw:1883"}, "broker"),
         ({"max-epochs": 0}, "max-epochs"),
         ({"min-epochs": 3, "max-epochs": 2}, "min-epochs"),

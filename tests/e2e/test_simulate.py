@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from edgesched import data
+from edgesched.export import evaluate_onnx
 from edgesched.models import build_model
 
 pytestmark = pytest.mark.slow
@@ -75,8 +77,10 @@ def test_same_seed_same_model_bytes(tmp_path):
 
 
 def test_the_adaptive_scheduler_runs_over_flowers_engine(tmp_path):
-    """`--strategy edgesched` without a fleet: the gateway's loop over the engine's real Grid."""
-    args = ["simulate", "--dataset", "digits", "--rounds", "4", "--strategy", "edgesched", "--out", str(tmp_path)]
+    """`--strategy edgesched` without a fleet: the gateway's loop over the engine's real Grid.
+    Each round's model is also exported as ONNX, and scores as the round's record says."""
+    args = ["simulate", "--dataset", "digits", "--rounds", "4", "--strategy", "edgesched", "--out", str(tmp_path),
+            "--onnx-every-round"]
     result = subprocess.run([sys.executable, "-m", "edgesched", *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -87,3 +91,8 @@ def test_the_adaptive_scheduler_runs_over_flowers_engine(tmp_path):
     counted = [d for d in decisions if d["kind"] == "outcome" and d["outcome"] == "counted"]
     assert counted and all(d["actual_s"] > 0 for d in counted)
     assert (tmp_path / "decisions.png").exists()
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == [f"round-000{r}.onnx" for r in (1, 2, 3, 4)]
+    test = data.load("digits")
+    for rnd in (1, 4):
+        _, onnx_accuracy = evaluate_onnx(tmp_path / "onnx" / f"round-000{rnd}.onnx", test.x_test, test.y_test)
+        assert onnx_accuracy == pytest.approx(accuracy[rnd - 1], abs=1e-4)
