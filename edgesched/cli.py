@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import click
 import typer
 
-from edgesched.config import DATASETS, GATEWAY_STRATEGIES, STRATEGIES, RunConfig
+from edgesched.config import DATASETS, ENGINES, GATEWAY_STRATEGIES, STRATEGIES, RunConfig
 from edgesched.errors import ConfigError, EdgeschedError
 
 if TYPE_CHECKING:
@@ -102,6 +102,11 @@ def simulate(
         "Also write each round's global model as RUN_DIR/onnx/round-NNNN.onnx, for boards that only infer "
         "(needs onnx: pip install 'edgesched[onnx]'). `edgesched export --onnx` writes the final one."
     ))] = False,
+    engine: Annotated[str, Opt(help=(
+        "With --fleet: where the real training runs. ray (Flower's simulation engine, every core) or "
+        "in-process (one core, no 10-20 s engine start, plain tracebacks: short runs and debugging). "
+        "Results are byte-identical either way."
+    ))] = "ray",
     resume: Annotated[Path | None, Opt(help=(
         "Continue a stopped fleet run (killed, crashed, the machine rebooted) from its run directory, with "
         "its own settings: the adaptive scheduler's strategies checkpoint after every round, and the resumed "
@@ -119,22 +124,24 @@ def simulate(
     """
     if resume is not None:
         given = [f"--{name.replace('_', '-')}" for name in click.get_current_context().params
-                 if name != "resume" and click.get_current_context().get_parameter_source(name)
+                 if name not in ("resume", "engine") and click.get_current_context().get_parameter_source(name)
                  == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise ConfigError(f"--resume continues the run with its own settings; drop {', '.join(given)}")
-        _resume_fleet(resume)
+        _resume_fleet(resume, engine)
         return
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
     if fleet is not None:
         from edgesched.simulations.fleet import load_fleet
 
         spec = load_fleet(fleet).with_overrides(
             seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
             strategy=strategy or "edgesched", bad_updates=bad_updates, onnx_every_round=onnx_every_round)
-        _simulate_fleet(spec, broker, out)
+        _simulate_fleet(spec, broker, out, engine)
         return
-    if dropout is not None or broker is not None or bad_updates is not None:
-        raise ConfigError("--dropout, --bad-updates and --broker need --fleet: they describe a virtual fleet")
+    if dropout is not None or broker is not None or bad_updates is not None or engine != "ray":
+        raise ConfigError("--dropout, --bad-updates, --broker and --engine need --fleet: they describe a virtual fleet")
     if strategy is not None and strategy in STRATEGIES and strategy not in GATEWAY_STRATEGIES:
         raise ConfigError(f"--strategy {strategy} is a baseline for virtual fleets: it needs --fleet")
     optional = {"rounds": rounds, "seed": seed}
@@ -154,20 +161,20 @@ def simulate(
     )
 
 
-def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None) -> None:
+def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None, engine: str) -> None:
     from edgesched.simulations.fleet_run import IN_PROCESS, simulate_fleet
 
     out_dir = out or Path("runs") / f"{spec.name}-{spec.run.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
-    _report(spec, out_dir, simulate_fleet(spec, out_dir, broker or IN_PROCESS))
+    _report(spec, out_dir, simulate_fleet(spec, out_dir, broker or IN_PROCESS, engine=engine))
 
 
-def _resume_fleet(run_dir: Path) -> None:
+def _resume_fleet(run_dir: Path, engine: str) -> None:
     from edgesched.simulations import checkpoint
     from edgesched.simulations.fleet_run import simulate_fleet
 
     saved = checkpoint.load(run_dir)
     typer.echo(f"resuming {run_dir} after round {saved.loop.round} of {saved.spec.run.rounds}", err=True)
-    _report(saved.spec, run_dir, simulate_fleet(saved.spec, run_dir, saved.broker, resume=saved))
+    _report(saved.spec, run_dir, simulate_fleet(saved.spec, run_dir, saved.broker, resume=saved, engine=engine))
 
 
 def _report(spec: FleetSpec, out_dir: Path, summary: dict) -> None:

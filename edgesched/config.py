@@ -20,6 +20,7 @@ DATASETS = ("fmnist", "hapt", "digits")
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
 ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines updates
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
+ENGINES = ("ray", "in-process")  # where a virtual fleet's real training runs (edgesched.simulations)
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # What a gateway runs; the simulator also runs the baselines and ablations the side-by-side
 # benchmark compares (edgesched.simulations.contenders says what each one is).

@@ -1,14 +1,15 @@
 """Benchmark: every strategy on the same virtual fleets, data, seeds and dropout levels.
 
-Each run is a separate `edgesched simulate --fleet ...` process (Ray starts clean each time)
-writing its own run directory; a run whose summary.json exists is not repeated, so an
-interrupted benchmark picks up where it stopped. The table gives, per fleet and dropout
+Each run is a separate `edgesched simulate --fleet ...` process (on Ray, it starts clean each
+time; `--engine in-process` trains without Ray, with the same results) writing its own run
+directory; a run whose summary.json exists is not repeated, so an interrupted benchmark picks
+up where it stopped. The table gives, per fleet and dropout
 level, each contender's virtual time to two targets — the fleet's target accuracy and one
 5 points below it that every contender can reach — as mean ± standard deviation over the
 seeds that reached it, its speed-up over `fedavg` and its time relative to `oracle`, final
 accuracy, compute (device-seconds, the energy proxy), traffic and rounds.
 
-    python -m edgesched.simulations.bench_contenders --quick          # CI: the harness end to end
+    python -m edgesched.simulations.bench_contenders --quick --engine in-process   # CI: the harness
     python -m edgesched.simulations.bench_contenders --docs           # the full table into docs/
     python -m edgesched.simulations.bench_contenders --fleets hapt-30 --data-dir DIR   # HAPT by user
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 from statistics import mean, pstdev
 from typing import Any
 
-from edgesched.config import STRATEGIES
+from edgesched.config import ENGINES, STRATEGIES
 
 CONTENDERS = STRATEGIES
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -38,11 +39,11 @@ EASIER = 0.05
 
 
 def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
-            data_dir: Path | None = None) -> dict[str, Any]:
+            data_dir: Path | None = None, engine: str = "ray") -> dict[str, Any]:
     summary = out / "summary.json"
     if not summary.exists():
         cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
-               "--seed", str(seed), "--dropout", str(dropout), "--out", str(out)]
+               "--seed", str(seed), "--dropout", str(dropout), "--out", str(out), "--engine", engine]
         if rounds is not None:
             cmd += ["--rounds", str(rounds)]
         if data_dir is not None:
@@ -59,7 +60,7 @@ def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: s
                seed: int) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
     out = _run_dir(args.out, fleet, dropout, strategy, seed)
-    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir)
+    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir, args.engine)
     return row(fleet, dropout, strategy, seed, summary, out), time.monotonic() - started
 
 
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
                         "hapt_raw_by_user.npz)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1); more share the "
                         "machine, so their real seconds are not comparable, but virtual times are unchanged")
+    parser.add_argument("--engine", choices=ENGINES, default="ray", help="where each run trains: ray (Flower's "
+                        "simulation engine) or in-process (one core each, no engine start; same results)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-contenders"), help="run directories")
     parser.add_argument("--docs", action="store_true", help="write the table and plots of every finished run "
                         "under --out into docs/")

@@ -36,6 +36,7 @@ from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.engine import run_engine, workers
 from edgesched.simulations.fleet import FleetSpec
 from edgesched.simulations.heartbeats import Bus, InProcessBus, MqttBus, VirtualTelemetry
+from edgesched.simulations.in_process import run_in_process
 from edgesched.simulations.progress import RoundProgress
 from edgesched.simulations.timeline import plot_timeline
 
@@ -43,8 +44,9 @@ IN_PROCESS = "in-process"
 
 
 def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
-                   resume: Checkpoint | None = None) -> dict[str, Any]:
-    """Run the fleet with `spec.run.strategy`; telemetry over `broker` (in-process, embedded or a URL).
+                   resume: Checkpoint | None = None, engine: str = "ray") -> dict[str, Any]:
+    """Run the fleet with `spec.run.strategy`; telemetry over `broker` (in-process, embedded or a URL);
+    the real training on Flower's simulation `engine` ("ray") or in this process ("in-process").
 
     The adaptive scheduler's strategies write a checkpoint after every round; `resume` (one of
     them, with its own spec and broker) continues that run in `out_dir`.
@@ -102,7 +104,10 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                 vgrid.finish()
                 state["grid"] = vgrid
 
-            run_engine(main, cfg, num_nodes=workers(cfg))
+            if engine == "in-process":
+                run_in_process(main, num_nodes=workers(cfg), threads=max(1, int(cfg.client_cpus)))
+            else:
+                run_engine(main, cfg, num_nodes=workers(cfg))
     if "weights" not in state:
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
     reached = next((r.virtual_seconds for r in recorder.rounds if r.accuracy >= spec.target_accuracy), None)

@@ -13,7 +13,8 @@ from edgesched.simulations.bench_contenders import collect, row, table, write_do
 
 def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    done = subprocess.run([sys.executable, "-m", "edgesched.simulations.bench_contenders", "--quick", "--jobs", "3",
+    done = subprocess.run([sys.executable, "-m", "edgesched.simulations.bench_contenders", "--quick", "--jobs", "2",
+                           "--engine", "in-process",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "results.json").read_text())

@@ -62,13 +62,13 @@ def test_run_directory_is_complete(fmnist_run):
 
 def test_same_seed_same_model_bytes(tmp_path):
     """A run repeats exactly: same seed, byte-identical weights and per-round metrics."""
-    outputs = []
-    for name in ("a", "b"):
-        out = tmp_path / name
-        args = ["simulate", "--dataset", "digits", "--rounds", "2", "--seed", "7", "--out", str(out)]
-        result = subprocess.run([sys.executable, "-m", "edgesched", *args], capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
-        outputs.append(out)
+    outputs = [tmp_path / "a", tmp_path / "b"]
+    args = ["simulate", "--dataset", "digits", "--rounds", "2", "--seed", "7", "--out"]
+    runs = [subprocess.Popen([sys.executable, "-m", "edgesched", *args, str(out)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True) for out in outputs]  # side by side
+    for run in runs:
+        _, stderr = run.communicate(timeout=300)
+        assert run.returncode == 0, stderr[-2000:]
     a, b = outputs
     assert (a / "model.npz").read_bytes() == (b / "model.npz").read_bytes()
     columns = ("round", "accuracy", "loss", "train_loss", "samples")

@@ -28,10 +28,9 @@ def _env() -> dict[str, str]:
 def test_a_run_killed_mid_round_and_resumed_ends_with_the_same_bytes(tmp_path):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     common = ["--fleet", "lab-20", "--rounds", ROUNDS, "--bad-updates", "0.2"]
-    done = subprocess.run(_simulate(*common, "--out", str(whole)), capture_output=True, text=True, env=_env(),
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-
+    # The uninterrupted run trains in-process (the same bytes as on Ray) beside the one to be killed.
+    uninterrupted = subprocess.Popen(_simulate(*common, "--out", str(whole), "--engine", "in-process"),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
     # Its own process group, so SIGKILL takes the driver and Ray's workers down together, as a power cut would.
     victim = subprocess.Popen(_simulate(*common, "--out", str(broken)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
@@ -43,6 +42,8 @@ def test_a_run_killed_mid_round_and_resumed_ends_with_the_same_bytes(tmp_path):
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     assert not (broken / "summary.json").exists()
+    _, stderr = uninterrupted.communicate(timeout=600)
+    assert uninterrupted.returncode == 0, stderr[-2000:]
 
     resumed = subprocess.run(_simulate("--resume", str(broken)), capture_output=True, text=True, env=_env(),
                              timeout=600)

@@ -88,7 +88,7 @@ def run(tmp_path, dropout: float, bus=None, rounds: int = 8):
     records = []
     result = run_semi_async(grid, grid, RegistryFleetView(telemetry, sizes), scheduler, cfg,
                             {k: v.numpy().copy() for k, v in model.state_dict().items()}, score,
-                            lambda record, jobs: records.append(record))
+                            lambda record, jobs, model: records.append(record))
     grid.finish()
     return result, records, scheduler.log, events.getvalue()
 

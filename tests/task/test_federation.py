@@ -65,7 +65,7 @@ def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path):
     cfg = RunConfig(dataset="digits", clients=3, rounds=2, local_epochs=3, lr=0.05).resolved()
     grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
-    result = run_federation(grid, cfg, lambda record, jobs: rounds.append((record, jobs)), telemetry)
+    result = run_federation(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
 
     assert len(grid.sent) == 6
     first_round = [m.content["config"] for m in grid.sent[:3]]
@@ -86,7 +86,7 @@ def test_the_adaptive_scheduler_runs_over_flower_push_and_pull():
     cfg = adaptive(rounds=4, max_epochs=5)
     grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
-    result = run_adaptive(grid, cfg, lambda record, jobs: rounds.append((record, jobs)), telemetry)
+    result = run_adaptive(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
 
     assert [r.round for r, _ in rounds] == [1, 2, 3, 4]
     assert all(r.replied >= 1 for r, _ in rounds) and rounds[-1][0].accuracy > 0.5
@@ -125,7 +125,7 @@ class RefusingGrid(LocalGrid):
 
 def test_a_message_flower_refuses_is_a_lost_job_not_a_crash():
     rounds = []
-    result = run_adaptive(RefusingGrid(NODE_CONFIGS), adaptive(rounds=2), lambda record, jobs: rounds.append(record))
+    result = run_adaptive(RefusingGrid(NODE_CONFIGS), adaptive(rounds=2), lambda record, *_: rounds.append(record))
     refused = [e for e in result.decisions if e["kind"] == "outcome" and e["outcome"] == "lost"]
     assert refused and all(e["device"] == "node-303" and "refused" in e["reason"] for e in refused)
     assert [r.round for r in rounds] == [1, 2] and all(r.replied == 2 and r.failed == 1 for r in rounds)
@@ -153,7 +153,7 @@ class TamperingGrid(LocalGrid):
 
 def test_bad_replies_are_refused_counted_and_their_device_quarantined():
     rounds = []
-    result = run_adaptive(TamperingGrid(NODE_CONFIGS), adaptive(rounds=5), lambda record, jobs: rounds.append(record))
+    result = run_adaptive(TamperingGrid(NODE_CONFIGS), adaptive(rounds=5), lambda record, *_: rounds.append(record))
 
     refused = [e["reason"] for e in result.decisions if e["kind"] == "outcome" and e["device"] == "node-303"]
     assert refused == ["refused: bad_metrics", "refused: not_finite", "refused: oversized"]
@@ -170,7 +170,7 @@ class PowerCut(Exception):
 def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
     cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))  # made when first needed
 
-    def cut_at_round_3(record, jobs):
+    def cut_at_round_3(record, jobs, model):
         if record.round == 3:
             raise PowerCut
 
@@ -179,7 +179,7 @@ def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match="holds a checkpoint of another run"):
         run_adaptive(LocalGrid(NODE_CONFIGS), dataclasses.replace(cfg, lr=0.1), cut_at_round_3)
     rounds = []
-    result = run_adaptive(LocalGrid(NODE_CONFIGS), cfg, lambda record, jobs: rounds.append(record))
+    result = run_adaptive(LocalGrid(NODE_CONFIGS), cfg, lambda record, *_: rounds.append(record))
     assert [r.round for r in rounds] == [3, 4]  # round 2's checkpoint was the last one written
     assert max(e["round"] for e in result.decisions if e["kind"] == "round") == 4
     assert [e["round"] for e in result.decisions if e["kind"] == "round"][:2] == [1, 2]  # the log goes on
