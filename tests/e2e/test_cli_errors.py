@@ -70,8 +70,10 @@ def test_agent_bad_input_is_one_clear_line(args, says):
     ("args", "says"),
     [
         (["--fleet", "garage-3"], "fleet file garage-3 not found; shipped fleets:"),
-        (["--dropout", "0.2"], "--dropout, --bad-updates and --broker need --fleet"),
-        (["--broker", "embedded"], "--dropout, --bad-updates and --broker need --fleet"),
+        (["--dropout", "0.2"], "--dropout, --bad-updates, --broker and --engine need --fleet"),
+        (["--broker", "embedded"], "--dropout, --bad-updates, --broker and --engine need --fleet"),
+        (["--engine", "in-process"], "--dropout, --bad-updates, --broker and --engine need --fleet"),
+        (["--fleet", "lab-20", "--engine", "threads"], "--engine: unknown 'threads'; choose one of ray, in-process"),
         (["--fleet", "lab-20", "--bad-updates", "1.5"], "--bad-updates must be in [0, 1]"),
         (["--fleet", "lab-20", "--strategy", "oort"], "strategy: choose one of fedavg, fedprox, deadline, fedbuff, "
                                                       "edgesched, edgesched-no-prediction"),
