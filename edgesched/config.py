@@ -69,6 +69,7 @@ class RunConfig:
     staleness_exponent: float = 0.5
     min_deadline: float = 1.0
     max_overselect: float = 2.0
+    min_round_share: float = 0.5  # after a deadline's wait, a round starts with this x clients-per-round free
     server_lr: float = 1.0
     fairness_rounds: float = 5.0
     gateway_mbps: float = 0.0
@@ -111,6 +112,7 @@ class RunConfig:
         _require(0 < self.min_deadline <= self.round_timeout, "min-deadline", "must be in (0, round-timeout]",
                  self.min_deadline)
         _require(self.max_overselect >= 1, "max-overselect", "must be >= 1", self.max_overselect)
+        _require(0 < self.min_round_share <= 1, "min-round-share", "must be in (0, 1]", self.min_round_share)
         _require(self.server_lr > 0, "server-lr", "must be > 0", self.server_lr)
         _require(self.fairness_rounds > 0, "fairness-rounds", "must be > 0", self.fairness_rounds)
         _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)

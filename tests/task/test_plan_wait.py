@@ -25,24 +25,27 @@ class StepClock:
 
 
 class Fleet:
-    def __init__(self, n: int) -> None:
+    """`online` of `n` devices are online (and free); the rest are away."""
+
+    def __init__(self, n: int, online: int | None = None) -> None:
         self.n = n
+        self.online = n if online is None else online
 
     def views(self, now: float) -> list[DeviceView]:
-        return [DeviceView(f"d{i}", 60) for i in range(self.n)]
+        return [DeviceView(f"d{i}", 60) for i in range(self.online)]
 
     def size(self) -> int:
         return self.n
 
 
-def plan_time(devices: int, clients_per_round: int) -> float:
+def plan_time(devices: int, clients_per_round: int, online: int | None = None) -> float:
     cfg = RunConfig.from_mapping({"clients": clients_per_round, "fraction-train": 1.0, "round-timeout": 600.0,
                                   "strategy": "edgesched"})
     scheduler = Scheduler(SchedulerConfig.from_run(cfg), Predictor(4 * 10_000))
     scheduler.deadline = 100.0  # a slow fleet's deadline: the loop would settle only after it
     scheduler.start_round(1)
     clock = StepClock()
-    assignments, _ = _plan(scheduler, Fleet(devices), clock, 1, cfg, lambda: None)
+    assignments, _ = _plan(scheduler, Fleet(devices, online), clock, 1, cfg, lambda: None)
     assert assignments
     return clock.t
 
@@ -56,3 +59,10 @@ def test_a_fleet_no_bigger_than_the_round_starts_once_all_of_it_is_free():
 
 def test_a_big_enough_fleet_starts_at_once():
     assert plan_time(devices=30, clients_per_round=10) == 0.0
+
+
+def test_a_round_short_of_devices_starts_with_half_of_them_after_one_deadline():
+    # 30 phones, few online: waiting for all 10 would idle the free ones until others return.
+    # Polled every round-timeout / 100 = 6 s: it starts at the first poll after one deadline.
+    assert 100.0 <= plan_time(devices=30, clients_per_round=10, online=6) < 106.0
+    assert plan_time(devices=30, clients_per_round=10, online=4) == 600.0  # under half: the round timeout
