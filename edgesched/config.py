@@ -69,7 +69,7 @@ class RunConfig:
     staleness_exponent: float = 0.5
     min_deadline: float = 1.0
     max_overselect: float = 2.0
-    min_round_share: float = 0.5  # after a deadline's wait, a round starts with this x clients-per-round free
+    min_round_share: float = 0.5  # after a deadline's wait, a round starts expecting this x clients-per-round
     server_lr: float = 1.0
     fairness_rounds: float = 5.0
     gateway_mbps: float = 0.0

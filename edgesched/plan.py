@@ -1,7 +1,9 @@
 """One round's plan: who trains, how much, how many epochs, how late it may arrive (numpy only).
 
 The round gets a deadline: a high quantile (90 % by default) of the candidates' predicted
-one-epoch times, stretched while jobs have been missing it. Not the K-th fastest: under label
+times for FedAvg's local epochs (`deadline_epochs`), stretched while jobs have been missing
+it. (One epoch whatever FedAvg trains gave hapt's phones updates of 1-3 epochs where FedAvg
+trains 5: fast rounds that each taught the model little.) Not the K-th fastest: under label
 skew, rounds made only of the fastest boards pull the model toward their data, so the
 deadline leaves room for most devices, and speed decides how much each one does. Each
 candidate gets the work that fills the deadline exactly at its predicted upper-quantile
@@ -34,6 +36,7 @@ class PlanConfig:
     min_epochs: float = 0.5  # the least work worth sending, as a share of a device's data
     max_epochs: int = 2
     deadline_quantile: float = 0.9
+    deadline_epochs: float = 1.0  # the deadline leaves room for this many epochs (FedAvg's local epochs)
     min_deadline_s: float = 1.0
     max_deadline_s: float = 600.0
     max_staleness: int = 3
@@ -87,9 +90,10 @@ class Plan:
 
 
 def choose_deadline(cands: Candidates, cfg: PlanConfig, stretch: float = 1.0) -> float:
-    """The `deadline_quantile` of eligible devices' one-epoch times, x `stretch`, within bounds."""
+    """The `deadline_quantile` of eligible devices' times for `deadline_epochs` epochs, x `stretch`,
+    within bounds."""
     ok = cands.fits_memory & (cands.energy_samples > 0)
-    times = cands.one_epoch_s()[ok]
+    times = (cands.transfer_s + cfg.deadline_epochs * cands.samples * cands.seconds_per_sample)[ok]
     if times.size == 0:
         return cfg.max_deadline_s
     return float(np.clip(np.quantile(times, cfg.deadline_quantile) * stretch, cfg.min_deadline_s,

@@ -62,6 +62,7 @@ class SchedulerConfig:
         plan = PlanConfig(
             target_updates=cfg.clients_per_round, batch_size=cfg.batch_size, max_overselect=cfg.max_overselect,
             min_epochs=cfg.min_epochs, max_epochs=cfg.max_epochs, deadline_quantile=cfg.deadline_quantile,
+            deadline_epochs=float(cfg.local_epochs or 1),
             min_deadline_s=cfg.min_deadline, max_deadline_s=cfg.round_timeout, max_staleness=cfg.max_staleness,
             staleness_exponent=cfg.staleness_exponent, fairness_rounds=cfg.fairness_rounds,
             gateway_bytes_per_s=cfg.gateway_mbps * 1e6 / 8 if cfg.gateway_mbps > 0 else math.inf,

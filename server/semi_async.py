@@ -215,8 +215,8 @@ def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: R
           poll: Callable[[], None]) -> tuple[list, list]:
     """Plan the round once enough devices are free to expect `clients_per_round` updates back
     (as Flower waits for its minimum of nodes, grown by the predicted losses); after a last
-    round's deadline of waiting, once `min_round_share` of `clients_per_round` are free; after
-    the round timeout, with whoever is free. A fleet smaller than those counts starts once all
+    round's deadline of waiting, once enough are free to expect `min_round_share` of those
+    updates; after the round timeout, with whoever is free. A fleet smaller than those counts starts once all
     of it is free. Meanwhile late jobs land.
 
     The middle rule matters on a fleet whose online devices barely cover a round: waiting for
@@ -231,8 +231,9 @@ def _plan(scheduler: Scheduler, fleet: FleetView, clock: Clock, rnd: int, cfg: R
         views = fleet.views(now)
         busy = scheduler.busy()
         free = sum(1 for v in views if v.device not in busy)
-        wanted = scheduler.candidates_wanted() if now < settle else \
-            math.ceil(cfg.min_round_share * cfg.clients_per_round)
+        wanted = scheduler.candidates_wanted()
+        if now >= settle:
+            wanted = math.ceil(cfg.min_round_share * wanted)
         wanted = min(wanted, fleet.size())  # never more than the fleet has: that wait could not end
         if free >= wanted or (free and now >= give_up):
             assignments = scheduler.plan(rnd, now, views)
