@@ -9,7 +9,7 @@ import pytest
 
 from edgesched.aggregate import Update, fednova, momentum_steps
 from edgesched.feedback import ConvergenceMonitor, Knobs
-from edgesched.plan import Candidates, PlanConfig, plan_round
+from edgesched.plan import Candidates, PlanConfig, choose_deadline, plan_round
 from edgesched.predict import TRAIN_OVER_INFER, Predictor, PredictorConfig
 from edgesched.registry import DeviceState
 from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig, device_view
@@ -45,6 +45,17 @@ def test_plan_equalises_predicted_finish_times_within_10_percent():
     assert finishes.min() >= 0.9 * finishes.max()
     by_device = {a.device: a for a in on_time}
     assert by_device["d0"].samples > 3 * by_device["d4"].samples  # fast devices get more work
+
+
+def test_the_deadline_leaves_room_for_fedavgs_local_epochs():
+    # Ten phones, 1 s of transfer, 0.001-0.010 s a sample, 300 samples: one epoch takes 1.3-4 s.
+    cands = candidates(sps=list(np.linspace(0.001, 0.010, 10)), transfer=[1.0] * 10, samples=300)
+    one = choose_deadline(cands, PlanConfig(target_updates=5, max_epochs=10))
+    five = choose_deadline(cands, PlanConfig(target_updates=5, max_epochs=10, deadline_epochs=5))
+    slowish = np.quantile(300 * np.linspace(0.001, 0.010, 10), 0.9)  # the 90 % quantile's compute
+    assert one == pytest.approx(1.0 + slowish) and five == pytest.approx(1.0 + 5 * slowish)
+    plan = plan_round(cands, five, PlanConfig(target_updates=10, max_epochs=10, deadline_epochs=5))
+    assert all(a.epochs >= 4 for a in plan.assignments if a.staleness == 0 and a.device != "d9")
 
 
 def test_too_slow_device_trains_for_a_later_round_with_a_staleness_bound():
