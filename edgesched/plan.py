@@ -64,8 +64,9 @@ class Candidates:
     fits_memory: np.ndarray  # bool
     transfer_bytes: np.ndarray  # model down + up
 
-    def one_epoch_s(self) -> np.ndarray:
-        return self.transfer_s + self.samples * self.seconds_per_sample
+    def epochs_s(self, epochs: float = 1.0) -> np.ndarray:
+        """Predicted time for `epochs` passes over each device's data, transfers included."""
+        return self.transfer_s + epochs * self.samples * self.seconds_per_sample
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def choose_deadline(cands: Candidates, cfg: PlanConfig, stretch: float = 1.0) ->
     """The `deadline_quantile` of eligible devices' times for `deadline_epochs` epochs, x `stretch`,
     within bounds."""
     ok = cands.fits_memory & (cands.energy_samples > 0)
-    times = (cands.transfer_s + cfg.deadline_epochs * cands.samples * cands.seconds_per_sample)[ok]
+    times = cands.epochs_s(cfg.deadline_epochs)[ok]
     if times.size == 0:
         return cfg.max_deadline_s
     return float(np.clip(np.quantile(times, cfg.deadline_quantile) * stretch, cfg.min_deadline_s,

@@ -144,7 +144,7 @@ class Scheduler:
                             "max_staleness": knobs.max_staleness})
         fleet_rate = self.risk.fleet_rate()
         cands.risk[:] = [self.risk.risk(v.device, t, v.heartbeat, fleet_rate)
-                         for v, t in zip(views, cands.one_epoch_s(), strict=True)]
+                         for v, t in zip(views, cands.epochs_s(), strict=True)]
         self.deadline = choose_deadline(cands, cfg, self.stretch)
         plan = plan_round(cands, self.deadline, cfg)
         self._due = sum(1 for a in plan.assignments if a.staleness == 0)

@@ -28,6 +28,7 @@ from edgesched.results import JobRecord, RoundCallback, RoundRecord
 log = logging.getLogger(__name__)
 NODE_WAIT_SECONDS = 120.0
 
+
 @dataclass(frozen=True)
 class FederationResult:
     weights: dict[str, np.ndarray]

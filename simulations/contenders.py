@@ -105,7 +105,8 @@ def _flower(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int],
     started = time.monotonic()
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        loss, accuracy = evaluate(list(arrays.to_numpy_ndarrays()))
+        weights = list(arrays.to_numpy_ndarrays())
+        loss, accuracy = evaluate(weights)
         if server_round > 0 and vgrid.last is not None:
             jobs = [job_record(server_round, r) for r in vgrid.last_replies]
             out = vgrid.last
@@ -114,7 +115,7 @@ def _flower(vgrid: Any, spec: FleetSpec, fleet: VirtualFleet, sizes: list[int],
                 selected=out.selected, replied=out.delivered, failed=out.dropped + out.late,
                 samples=sum(j.samples for j in jobs), seconds=time.monotonic() - started,
                 virtual_seconds=out.ended_at,
-            ), jobs, dict(zip(arrays.keys(), arrays.to_numpy_ndarrays(), strict=True)))
+            ), jobs, dict(zip(arrays.keys(), weights, strict=True)))
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
     # The grid offers exactly devices_per_round candidates; the strategy takes them all.
