@@ -53,12 +53,18 @@ clientapp = "edgesched.clients.app:app"
 
 [tool.flwr.app.config]
 dataset = "digits"
+partitioner = "iid"
 strategy = "edgesched"
 rounds = 3
 min-deadline = 30.0
 round-timeout = 120.0
 heartbeat-interval = 0.5
 """
+
+
+# The shards are IID: these tests are about faults, not label skew. On Dirichlet(0.3) shards, three
+# rounds of a few updates each ended anywhere from 19 % to 67 % accuracy, depending on which
+# boards died when.
 
 
 class Processes:
@@ -194,7 +200,7 @@ class Federation:
 def _assert_ended_with_a_model(fed: Federation) -> None:
     rounds = fed.rounds()
     assert [int(r["round"]) for r in rounds] == [1, 2, 3], rounds
-    assert float(rounds[-1]["accuracy"]) > 0.3, rounds  # ten digits: chance is 0.1
+    assert float(rounds[-1]["accuracy"]) > 0.6, rounds  # ten digits on IID shards: chance is 0.1, three rounds ~0.9
     assert int(rounds[-1]["replied"]) >= 1
     assert (fed.out / "model.npz").stat().st_size > 0
 
