@@ -102,7 +102,8 @@ class Scheduler:
         self.risk = risk or DropoutModel(RiskConfig(battery_reserve=config.battery_reserve))
         self.guard = UpdateGuard(config.guard)
         p = config.plan
-        self.monitor = ConvergenceMonitor(Knobs(p.max_epochs, p.max_staleness, config.server_lr), config.feedback)
+        self.monitor = ConvergenceMonitor(Knobs(p.max_epochs, p.max_staleness, config.server_lr), config.feedback,
+                                          min_epochs=math.ceil(p.deadline_epochs))
         self.stretch = 1.0  # deadline factor: grows while jobs miss their deadline, shrinks back to 1
         self.deadline = p.min_deadline_s  # until the first plan: the shortest wait for candidates
         self.round = 0

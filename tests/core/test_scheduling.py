@@ -227,6 +227,14 @@ def test_feedback_tightens_on_a_loss_jump_and_relaxes_after_calm():
     assert m.knobs == Knobs(3, 3, 1.0) and changes[0].reason == "3 calm rounds"
 
 
+def test_feedback_takes_back_epochs_only_down_to_fedavgs_own():
+    m = ConvergenceMonitor(Knobs(max_epochs=10, max_staleness=3, server_lr=1.0), min_epochs=5)
+    m.observe(1, 1.0, 1.0)
+    for rnd, loss in enumerate([1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], start=2):  # wobbling every round
+        m.observe(rnd, loss, 1.0)
+    assert m.knobs == Knobs(5, 0, 0.25)
+
+
 def test_feedback_waits_longer_after_a_give_back_that_wobbled():
     m = ConvergenceMonitor(Knobs(max_epochs=2, max_staleness=2, server_lr=1.0))
     m.observe(1, 1.0, 1.0)
