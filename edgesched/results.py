@@ -103,6 +103,8 @@ class RunRecorder:
 
     def finish(self, weights: dict[str, np.ndarray], extra: dict[str, Any]) -> dict[str, Any]:
         np.savez(self.out_dir / "model.npz", **weights)
+        self._round_csv.close()
+        self._job_csv.close()
         last = self.rounds[-1] if self.rounds else None
         summary = {
             "final_accuracy": last.accuracy if last else None,
@@ -110,15 +112,21 @@ class RunRecorder:
             "best_accuracy": max((r.accuracy for r in self.rounds), default=None),
             "rounds": len(self.rounds),
             "failed_jobs": sum(r.failed for r in self.rounds),
+            "clients_trained": self._clients_trained(),
             **extra,
         }
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        self._round_csv.close()
-        self._job_csv.close()
         if self.rounds:
             plot_accuracy(self.rounds, self.out_dir / "accuracy.png")
         return summary
 
+
+    def _clients_trained(self) -> int:
+        """Clients (data shards) with at least one update in the model. With data split by user,
+        a user whose device was never reachable while the run went on is missing from the model,
+        however fast the run was. Read back from jobs.csv, so a resumed run counts all its jobs."""
+        with (self.out_dir / "jobs.csv").open(newline="") as f:
+            return len({row["partition"] for row in csv.DictReader(f)})
 
     def write_decisions(self, log: list[dict[str, Any]]) -> None:
         """The scheduler's decision log as decisions.jsonl, and its picture as decisions.png."""

@@ -67,7 +67,7 @@ def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: s
 def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any], out: Path) -> dict[str, Any]:
     """One run's figures, with its virtual time to each of the table's targets (from rounds.csv)."""
     keys = ("final_accuracy", "best_accuracy", "virtual_seconds", "device_seconds", "bytes_up", "bytes_down",
-            "rounds", "seconds", "target_accuracy")
+            "rounds", "seconds", "target_accuracy", "clients_trained")
     with (out / "rounds.csv").open() as f:
         curve = [(float(r["virtual_seconds"]), float(r["accuracy"])) for r in csv.DictReader(f)]
     reached = {_key(t): next((vs for vs, acc in curve if acc >= t), None) for t in targets(s["target_accuracy"])}
@@ -97,8 +97,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         goals = targets(group[0]["target_accuracy"])
         head = " | ".join(f"virtual s to {t:.0%} | reached | speed-up over fedavg | time vs oracle" for t in goals)
         out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seeds: {', '.join(map(str, seeds))})", "",
-                f"| contender | {head} | final accuracy | device-s | GB moved | rounds | real s |",
-                "|---" * 14 + "|"]
+                f"| contender | {head} | final accuracy | clients trained | device-s | GB moved | rounds | real s |",
+                "|---" * 15 + "|"]
         for strategy in CONTENDERS:
             runs = [r for r in group if r["strategy"] == strategy]
             if not runs:
@@ -106,8 +106,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             cells = " | ".join(_reach_cells(group, runs, strategy, _key(t)) for t in goals)
             acc = _spread([100 * r["final_accuracy"] for r in runs], ".2f")
             gb = mean((r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in runs) / 1e9
-            out.append(f"| {strategy} | {cells} | {acc} % | {mean(r['device_seconds'] for r in runs):,.0f} "
-                       f"| {gb:.2f} | {mean(r['rounds'] for r in runs):.0f} | {mean(r['seconds'] for r in runs):.0f} |")
+            trained = mean(r["clients_trained"] for r in runs)
+            out.append(f"| {strategy} | {cells} | {acc} % | {trained:.0f} "
+                       f"| {mean(r['device_seconds'] for r in runs):,.0f} | {gb:.2f} "
+                       f"| {mean(r['rounds'] for r in runs):.0f} | {mean(r['seconds'] for r in runs):.0f} |")
         out.append("")
     return "\n".join(out)
 

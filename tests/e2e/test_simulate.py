@@ -27,7 +27,7 @@ def fmnist_run(tmp_path_factory, fmnist_dir):
 def test_accuracy_rises_well_above_chance(fmnist_run):
     out, _ = fmnist_run
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds"] == 3 and summary["failed_jobs"] == 0
+    assert summary["rounds"] == 3 and summary["failed_jobs"] == 0 and summary["clients_trained"] == 10
     assert summary["final_accuracy"] > 0.6  # chance is 0.1
     assert summary["model_macs_per_sample"] == 3_024_384 and summary["model_parameters"] == 215_370
     rows = list(csv.DictReader((out / "rounds.csv").open()))
