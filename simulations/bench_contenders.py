@@ -6,8 +6,10 @@ directory; a run whose summary.json exists is not repeated, so an interrupted be
 up where it stopped. The table gives, per fleet and dropout
 level, each contender's virtual time to two targets — the fleet's target accuracy and one
 5 points below it that every contender can reach — as mean ± standard deviation over the
-seeds that reached it, its speed-up over `fedavg` and its time relative to `oracle`, final
-accuracy, compute (device-seconds, the energy proxy), traffic and rounds.
+seeds that reached it, its speed-up over `fedavg` and its time relative to `oracle`; final
+accuracy after the fleet's rounds, and accuracy at equal virtual time (when the seed's first run
+ended: contenders whose rounds are short take more server steps in the same time); the clients
+whose data reached the model; compute (device-seconds, the energy proxy), traffic and rounds.
 
     python -m edgesched.simulations.bench_contenders --quick --engine in-process   # CI: the harness
     python -m edgesched.simulations.bench_contenders --docs           # the full table into docs/
@@ -72,7 +74,18 @@ def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any],
         curve = [(float(r["virtual_seconds"]), float(r["accuracy"])) for r in csv.DictReader(f)]
     reached = {_key(t): next((vs for vs, acc in curve if acc >= t), None) for t in targets(s["target_accuracy"])}
     return {"fleet": fleet, "dropout": dropout, "strategy": strategy, "seed": seed, "reached": reached,
-            **{k: s.get(k) for k in keys}}
+            "curve": curve, **{k: s.get(k) for k in keys}}
+
+
+def accuracy_at(curve: list[tuple[float, float]], virtual_s: float) -> float | None:
+    """The global model's test accuracy at a virtual moment: its last round finished by then."""
+    done = [acc for vs, acc in curve if vs <= virtual_s]
+    return done[-1] if done else None
+
+
+def _first_end(group: list[dict[str, Any]], seed: int) -> float:
+    """When the first contender on this seed finished its rounds: the moment all are compared at."""
+    return min(r["virtual_seconds"] for r in group if r["seed"] == seed)
 
 
 def targets(fleet_target: float) -> tuple[float, float]:
@@ -96,9 +109,13 @@ def table(rows: list[dict[str, Any]]) -> str:
         seeds = sorted({r["seed"] for r in group})
         goals = targets(group[0]["target_accuracy"])
         head = " | ".join(f"virtual s to {t:.0%} | reached | speed-up over fedavg | time vs oracle" for t in goals)
+        ends = [_first_end(group, seed) for seed in seeds]
         out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seeds: {', '.join(map(str, seeds))})", "",
-                f"| contender | {head} | final accuracy | clients trained | device-s | GB moved | rounds | real s |",
-                "|---" * 15 + "|"]
+                f"Equal time: the accuracy each contender had when the first run of the seed ended "
+                f"({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
+                f"| contender | {head} | final accuracy | accuracy at equal time | clients trained | device-s "
+                f"| GB moved | rounds | real s |",
+                "|---" * 16 + "|"]
         for strategy in CONTENDERS:
             runs = [r for r in group if r["strategy"] == strategy]
             if not runs:
@@ -106,8 +123,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             cells = " | ".join(_reach_cells(group, runs, strategy, _key(t)) for t in goals)
             acc = _spread([100 * r["final_accuracy"] for r in runs], ".2f")
             gb = mean((r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in runs) / 1e9
+            at_end = [accuracy_at(r["curve"], _first_end(group, r["seed"])) for r in runs]
+            equal = _spread([100 * a for a in at_end], ".2f") + " %" if None not in at_end else "—"
             trained = mean(r["clients_trained"] for r in runs)
-            out.append(f"| {strategy} | {cells} | {acc} % | {trained:.0f} "
+            out.append(f"| {strategy} | {cells} | {acc} % | {equal} | {trained:.0f} "
                        f"| {mean(r['device_seconds'] for r in runs):,.0f} | {gb:.2f} "
                        f"| {mean(r['rounds'] for r in runs):.0f} | {mean(r['seconds'] for r in runs):.0f} |")
         out.append("")

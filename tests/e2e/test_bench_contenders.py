@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from edgesched.config import STRATEGIES
-from edgesched.simulations.bench_contenders import collect, row, table, write_docs
+from edgesched.simulations.bench_contenders import accuracy_at, collect, row, table, write_docs
 
 
 def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
@@ -25,7 +25,7 @@ def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
 
 def _row(strategy: str, seed: int, ttt: float | None, virtual: float = 1000.0, easier: float = 10.0) -> dict:
     return {"fleet": "f", "dropout": 0.3, "strategy": strategy, "seed": seed,
-            "reached": {"0.8000": easier, "0.8500": ttt},
+            "reached": {"0.8000": easier, "0.8500": ttt}, "curve": [(virtual / 2, 0.7), (virtual, 0.8)],
             "final_accuracy": 0.8, "virtual_seconds": virtual, "device_seconds": 10.0, "bytes_up": 1e9,
             "bytes_down": 1e9, "rounds": 30, "seconds": 60.0, "target_accuracy": 0.85, "clients_trained": 12 + seed}
 
@@ -37,8 +37,20 @@ def test_the_table_gives_speed_ups_over_fedavg_and_the_gap_to_the_oracle():
     rows += [_row("fedbuff", 0, 50.0), _row("fedbuff", 1, None)]
     text = table(rows)
     line = next(x for x in text.splitlines() if x.startswith("| edgesched |"))
-    assert "| 10 ± 0 | 2/2 | 1.00 | 1.00 | 100 ± 10 | 2/2 | 3.00 | 1.25 | 80.00 ± 0.00 % | 12 |" in line
+    assert "| 10 ± 0 | 2/2 | 1.00 | 1.00 | 100 ± 10 | 2/2 | 3.00 | 1.25 | 80.00 ± 0.00 % |" in line
     assert "| 2/2 | 1.00 | 1.00 | 50 | 1/2 | — | — |" in text  # one seed never got there: no mean to compare
+
+
+def test_every_contender_is_also_compared_when_the_first_run_of_its_seed_ended():
+    rows = [_row("fedavg", 0, None, virtual=9000.0), _row("edgesched", 0, 150.0, virtual=400.0)]
+    text = table(rows)
+    assert "when the first run of the seed ended (400 virtual s)" in text
+    # fedavg's first round ends at 4,500 s: at 400 s it had none, so there is nothing to compare
+    assert "| — | 12 |" in next(x for x in text.splitlines() if x.startswith("| fedavg |"))
+    assert "| 80.00 % | 80.00 % | 12 |" in next(x for x in text.splitlines() if x.startswith("| edgesched |"))
+    rows.append(_row("fedbuff", 0, 100.0, virtual=600.0))  # half-way through its run at 300 s
+    assert "| 80.00 % | 70.00 % | 12 |" in next(x for x in table(rows).splitlines() if x.startswith("| fedbuff |"))
+    assert accuracy_at([(10.0, 0.5), (20.0, 0.6)], 19.9) == 0.5
 
 
 def test_both_targets_are_read_from_each_runs_accuracy_curve(tmp_path):
