@@ -110,7 +110,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         goals = targets(group[0]["target_accuracy"])
         head = " | ".join(f"virtual s to {t:.0%} | reached | speed-up over fedavg | time vs oracle" for t in goals)
         ends = [_first_end(group, seed) for seed in seeds]
-        out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seeds: {', '.join(map(str, seeds))})", "",
+        out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seed{'s' * (len(seeds) > 1)}: "
+                f"{', '.join(map(str, seeds))})", "",
                 f"Equal time: the accuracy each contender had when the first run of the seed ended "
                 f"({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
                 f"| contender | {head} | final accuracy | accuracy at equal time | clients trained | device-s "
