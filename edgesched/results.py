@@ -120,7 +120,6 @@ class RunRecorder:
             plot_accuracy(self.rounds, self.out_dir / "accuracy.png")
         return summary
 
-
     def _clients_trained(self) -> int:
         """Clients (data shards) with at least one update in the model. With data split by user,
         a user whose device was never reachable while the run went on is missing from the model,
