@@ -1,5 +1,6 @@
-"""A real federation on loopback: Mosquitto with TLS, Flower's SuperLink, the edgesched ServerApp,
-SuperNodes and device agents, each its own process.
+"""A real federation on loopback: Mosquitto with TLS, Flower's SuperLink with TLS and SuperNode
+authentication (as deploy/gateway/flower-superlink.service runs it), the edgesched ServerApp,
+SuperNodes enrolled with their own keys, and device agents, each its own process.
 
 With four boards: one device's SuperNode and agent are killed mid-run: its Last Will reaches
 the gateway through MQTT, its job is dropped within seconds (Flower alone notices a dead
@@ -117,12 +118,14 @@ class Federation:
 
     def __init__(self, folder: Path, devices: list[str], fraction_train: float) -> None:
         self.folder, self.devices, self.out = folder, devices, folder / "run"
+        self.node_ids: dict[str, int] = {}
         password_file(folder, {"gateway": "gw-secret", **{d: f"{d}-secret" for d in devices}})
         self.broker = Mosquitto(folder, shipped_config(folder), tls=True)
         self.link, home = free_port(), folder / "flwr-home"
         home.mkdir()
         (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-                                          f'address = "127.0.0.1:{self.link}"\ninsecure = true\n')
+                                          f'address = "127.0.0.1:{self.link}"\n'
+                                          f'root-certificates = "{folder / "ca.crt"}"\n')
         (folder / "app").mkdir()
         self.procs = Processes(folder, {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
                                         "PATH": f"{BIN}:{os.environ['PATH']}"})
@@ -140,14 +143,15 @@ class Federation:
         return self
 
     def _start(self) -> None:
-        self.procs.start("superlink", BIN / "flower-superlink", "--insecure",
-                         "--disable-runtime-dependency-installation", "--port", str(self.link),
-                         EDGESCHED_MQTT_PASSWORD="gw-secret")
+        # The gateway's certificate serves the broker and the SuperLink, as on a real gateway.
+        self.procs.start("superlink", BIN / "flower-superlink", "--ssl-certfile", self.folder / "server.crt",
+                         "--ssl-keyfile", self.folder / "server.key", "--ssl-ca-certfile", self.folder / "ca.crt",
+                         "--enable-supernode-auth", "--disable-runtime-dependency-installation",
+                         "--port", str(self.link), EDGESCHED_MQTT_PASSWORD="gw-secret")
         for device in self.devices:
+            self.node_ids[device] = self.enrol(device)
             state = self.folder / f"state-{device}"  # where the ClientApp leaves job speeds for the agent
-            self.procs.start(f"supernode-{device}", BIN / "flower-supernode", "--insecure", "--superlink",
-                             f"127.0.0.1:{self.link}", "--port", str(free_port()), "--node-config",
-                             f"device-id='{device}'", EDGESCHED_STATE_DIR=str(state))
+            self.start_supernode(device, "--node-config", f"device-id='{device}'", EDGESCHED_STATE_DIR=str(state))
             self.procs.start(f"agent-{device}", sys.executable, "-m", "edgesched", "agent", "--broker",
                              self.broker.url, "--device-id", device, "--username", device, "--ca-file",
                              self.folder / "ca.crt", "--interval", "0.5", "--keepalive", "2",
@@ -160,6 +164,28 @@ class Federation:
     def __exit__(self, *exc: object) -> None:
         self.procs.stop_all()
         self.broker.stop()
+
+    def key(self, device: str) -> Path:
+        """A board's SuperNode key pair, made as deploy/make-certs.sh makes it."""
+        key = self.folder / f"{device}.key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(key)], check=True)
+        return key
+
+    def enrol(self, device: str) -> int:
+        """Register the board's public key with the SuperLink (`flwr supernode register`), retried
+        while the SuperLink starts; returns the node id the SuperLink gives it."""
+        cmd = [str(BIN / "flwr"), "supernode", "register", f"{self.key(device)}.pub", "local", "--format", "json"]
+        deadline = time.monotonic() + 60
+        while (done := subprocess.run(cmd, capture_output=True, text=True, env=self.procs.env)).returncode != 0:
+            assert time.monotonic() < deadline, done.stdout + done.stderr
+            time.sleep(0.5)
+        return int(json.loads(done.stdout)["node-id"])
+
+    def start_supernode(self, device: str, *args: str, **env: str) -> subprocess.Popen:
+        return self.procs.start(f"supernode-{device}", BIN / "flower-supernode", "--superlink",
+                                f"127.0.0.1:{self.link}", "--root-certificates", self.folder / "ca.crt",
+                                "--auth-supernode-private-key", self.folder / f"{device}.key",
+                                "--port", str(free_port()), *args, **env)
 
     def submit(self, name: str = "flwr-run") -> subprocess.Popen:
         return self.procs.start(name, BIN / "flwr", "run", self.folder / "app", "local", "--stream")
@@ -174,9 +200,21 @@ class Federation:
         return _rows(self.out / "rounds.csv")
 
     def node(self, device: str) -> str:
-        """The name the gateway's decision log gives a device: its SuperNode's id."""
-        log = (self.folder / f"supernode-{device}.log").read_text(errors="replace")
-        return "node-" + re.search(r"SuperNode ID: (\d+)", log).group(1)
+        """The name the gateway's decision log gives a device: its SuperNode's id, the one its
+        key was given at enrolment (so it stays the same across restarts)."""
+        node_id = int(re.search(r"SuperNode ID: (\d+)", self.log(f"supernode-{device}")).group(1))
+        assert node_id == self.node_ids[device]
+        return f"node-{node_id}"
+
+    def assert_unenrolled_board_refused(self) -> None:
+        """A SuperNode whose key was never registered is turned away by the SuperLink."""
+        self.key("rogue")
+        rogue = self.start_supernode("rogue", "--max-retries", "1", "--node-config", "device-id='rogue'")
+        _wait(lambda: "No SuperNode found with the given public key" in self.log("superlink"), 60,
+              "the SuperLink refusing the unenrolled SuperNode")
+        assert "SuperNode ID" not in self.log("supernode-rogue")
+        if rogue.poll() is None:
+            self.procs.kill("supernode-rogue")
 
     def log(self, name: str) -> str:
         return (self.folder / f"{name}.log").read_text(errors="replace")
@@ -208,6 +246,7 @@ def _assert_ended_with_a_model(fed: Federation) -> None:
 @pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")
 def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a_model(tmp_path):
     with Federation(tmp_path, ["pi-a", "pi-b", "pi-c", "pi-d"], fraction_train=0.75) as fed:
+        fed.assert_unenrolled_board_refused()
         run = fed.submit()
         _wait(lambda: len(fed.rounds()) >= 1 or run.poll() is not None, 300, "round 1")
         victim = "pi-d"
