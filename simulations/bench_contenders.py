@@ -11,6 +11,12 @@ accuracy after the fleet's rounds, and accuracy at equal virtual time (when the 
 ended: contenders whose rounds are short take more server steps in the same time); the clients
 whose data reached the model; compute (device-seconds, the energy proxy), traffic and rounds.
 
+Run folders are scratch; `--docs` keeps what the table needs. It merges every finished run under
+`--out` into docs/contenders-runs.jsonl (one line per fleet, dropout, contender and seed: the
+figures, the accuracy curve and the commit that ran it; a rerun replaces its line), and draws the
+table and plots from that file. So the table grows across machines and sessions, and each of its
+lines can be traced to the code that produced it.
+
     python -m edgesched.simulations.bench_contenders --quick --engine in-process   # CI: the harness
     python -m edgesched.simulations.bench_contenders --docs           # the full table into docs/
     python -m edgesched.simulations.bench_contenders --fleets hapt-30 --data-dir DIR   # HAPT by user
@@ -34,6 +40,8 @@ from edgesched.config import ENGINES, STRATEGIES
 
 CONTENDERS = STRATEGIES
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+RUNS_FILE = DOCS / "contenders-runs.jsonl"
+KEY = ("fleet", "dropout", "strategy", "seed")
 START, END = "<!-- contenders:start -->", "<!-- contenders:end -->"
 # The fleet's target_accuracy is a stretch that slow baselines may never reach in their rounds;
 # a second target this far below it gives every contender a time, so ratios are not bounds.
@@ -55,7 +63,15 @@ def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | 
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise SystemExit(f"bench_contenders: {' '.join(cmd[2:])} failed: {tail}")
+        (out / "commit.txt").write_text(code_version() + "\n")
     return json.loads(summary.read_text())
+
+
+def code_version() -> str:
+    """The commit of the code that runs the simulations (`-dirty` with uncommitted changes)."""
+    done = subprocess.run(["git", "-C", str(DOCS.parent), "describe", "--always", "--dirty", "--abbrev=7"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
 def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: str,
@@ -110,8 +126,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         goals = targets(group[0]["target_accuracy"])
         head = " | ".join(f"virtual s to {t:.0%} | reached | speed-up over fedavg | time vs oracle" for t in goals)
         ends = [_first_end(group, seed) for seed in seeds]
+        commits = sorted({r.get("commit", "unknown") for r in group})
         out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seed{'s' * (len(seeds) > 1)}: "
-                f"{', '.join(map(str, seeds))})", "",
+                f"{', '.join(map(str, seeds))})", "", f"Commit: {', '.join(commits)}.", "",
                 f"Equal time: the accuracy each contender had when the first run of the seed ended "
                 f"({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
                 f"| contender | {head} | final accuracy | accuracy at equal time | clients trained | device-s "
@@ -159,7 +176,7 @@ def _ratio(base: float | None, mine: float | None, group: list[dict[str, Any]], 
     return f"> {floor / mine:.1f}" if floor else "—"
 
 
-def plot(rows: list[dict[str, Any]], runs_dir: Path, docs: Path) -> list[Path]:
+def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
     """Accuracy against virtual time per contender, first seed, one figure per (fleet, dropout)."""
     import matplotlib
 
@@ -168,17 +185,14 @@ def plot(rows: list[dict[str, Any]], runs_dir: Path, docs: Path) -> list[Path]:
 
     paths = []
     for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
-        seed = min(r["seed"] for r in rows if r["fleet"] == fleet)
+        group = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
+        seed = min(r["seed"] for r in group)
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for strategy in CONTENDERS:
-            path = _run_dir(runs_dir, fleet, dropout, strategy, seed) / "rounds.csv"
-            if not path.exists():
-                continue
-            with path.open() as f:
-                rounds = list(csv.DictReader(f))
-            ax.plot([float(r["virtual_seconds"]) for r in rounds], [100 * float(r["accuracy"]) for r in rounds],
-                    marker=".", label=strategy, linestyle="--" if "-no-" in strategy else "-")
-        for target in targets(next(r["target_accuracy"] for r in rows if r["fleet"] == fleet)):
+            for r in (r for r in group if r["strategy"] == strategy and r["seed"] == seed):
+                ax.plot([vs for vs, _ in r["curve"]], [100 * acc for _, acc in r["curve"]], marker=".",
+                        label=strategy, linestyle="--" if "-no-" in strategy else "-")
+        for target in targets(group[0]["target_accuracy"]):
             ax.axhline(100 * target, color="grey", linewidth=0.8)
         ax.set(xscale="log", xlabel="virtual seconds (log)", ylabel="test accuracy (%)",
                title=f"{fleet}, {dropout:.0%} dropout, seed {seed}")
@@ -196,15 +210,27 @@ def _run_dir(runs_dir: Path, fleet: str, dropout: float, strategy: str, seed: in
 
 
 def collect(runs_dir: Path) -> list[dict[str, Any]]:
-    """The rows of every finished run under `runs_dir` (FLEET/dropoutN/STRATEGY/seedK)."""
+    """The rows of every finished run under `runs_dir` (FLEET/dropoutN/STRATEGY/seedK), each with
+    the commit that ran it."""
     rows = []
     for summary in sorted(runs_dir.glob("*/dropout*/*/seed*/summary.json")):
         out = summary.parent
         fleet, dropout, strategy = out.parts[-4], int(out.parts[-3].removeprefix("dropout")) / 100, out.parts[-2]
         if strategy in CONTENDERS:
-            rows.append(row(fleet, dropout, strategy, int(out.name.removeprefix("seed")),
-                            json.loads(summary.read_text()), out))
+            commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").exists() else "unknown"
+            rows.append({**row(fleet, dropout, strategy, int(out.name.removeprefix("seed")),
+                               json.loads(summary.read_text()), out), "commit": commit})
     return rows
+
+
+def merge(runs_file: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add `rows` to the kept runs in `runs_file` (a rerun replaces the line with its key) and
+    return them all, sorted by key."""
+    kept = [json.loads(line) for line in runs_file.read_text().splitlines()] if runs_file.exists() else []
+    by_key = {tuple(r[k] for k in KEY): r for r in [*kept, *rows]}
+    merged = [by_key[k] for k in sorted(by_key)]
+    runs_file.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in merged))
+    return merged
 
 
 def write_docs(text: str, doc: Path) -> None:
@@ -233,8 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="ray", help="where each run trains: ray (Flower's "
                         "simulation engine) or in-process (one core each, no engine start; same results)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-contenders"), help="run directories")
-    parser.add_argument("--docs", action="store_true", help="write the table and plots of every finished run "
-                        "under --out into docs/")
+    parser.add_argument("--docs", action="store_true", help="merge every finished run under --out into "
+                        "docs/contenders-runs.jsonl, then write the table and plots of all kept runs into docs/")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -254,10 +280,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = [f.result()[0] for f in futures]  # in plan order
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
     print(table(rows))
-    if args.docs:  # every finished run under --out, from this and earlier invocations
-        rows = collect(args.out)
+    if args.docs:  # every finished run under --out, and every run kept from earlier ones
+        rows = merge(RUNS_FILE, collect(args.out))
         text = table(rows)
-        plots = plot(rows, args.out, DOCS)
+        plots = plot(rows, DOCS)
         write_docs(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n", DOCS / "benchmarks.md")
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from edgesched.config import STRATEGIES
-from edgesched.simulations.bench_contenders import accuracy_at, collect, row, table, write_docs
+from edgesched.simulations.bench_contenders import accuracy_at, collect, merge, row, table, write_docs
 
 
 def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
@@ -81,7 +81,20 @@ def test_docs_collect_every_finished_run_under_the_runs_folder(tmp_path):
         out.mkdir(parents=True)
         (out / "rounds.csv").write_text("round,accuracy,virtual_seconds\n1,0.9,10\n")
         (out / "summary.json").write_text(json.dumps(_row(strategy, seed, 10.0)))
+        if strategy != "oracle":
+            (out / "commit.txt").write_text("abc1234\n")
     (tmp_path / "f" / "dropout30" / "fedavg" / "seed1").mkdir()  # unfinished: no summary
     rows = collect(tmp_path)
-    assert [(r["fleet"], r["dropout"], r["strategy"], r["seed"]) for r in rows] == [
-        ("f", 0.3, "edgesched", 1), ("f", 0.3, "fedavg", 0), ("g", 0.0, "oracle", 2)]
+    assert [(r["fleet"], r["dropout"], r["strategy"], r["seed"], r["commit"]) for r in rows] == [
+        ("f", 0.3, "edgesched", 1, "abc1234"), ("f", 0.3, "fedavg", 0, "abc1234"), ("g", 0.0, "oracle", 2, "unknown")]
+
+
+def test_kept_runs_grow_across_invocations_and_a_rerun_replaces_its_line(tmp_path):
+    kept = tmp_path / "runs.jsonl"
+    first = [{**_row("fedavg", 0, 300.0), "commit": "old"}, {**_row("edgesched", 0, 90.0), "commit": "old"}]
+    assert len(merge(kept, first)) == 2
+    rows = merge(kept, [{**_row("edgesched", 0, 80.0), "commit": "new"}, {**_row("oracle", 1, 70.0), "commit": "new"}])
+    assert [(r["strategy"], r["seed"], r["commit"]) for r in rows] == [
+        ("edgesched", 0, "new"), ("fedavg", 0, "old"), ("oracle", 1, "new")]
+    assert [json.loads(line)["strategy"] for line in kept.read_text().splitlines()] == ["edgesched", "fedavg", "oracle"]
+    assert "Commit: new, old." in table(rows)
