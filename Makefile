@@ -43,9 +43,9 @@ mosquitto:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mosquitto; \
 	else echo "mosquitto is not installed: the MQTT tests against it will be skipped"; fi
 
-# The deployment scripts are checked with shellcheck (tests/deploy).
+# The deployment tests lint the scripts with shellcheck and make SuperNode keys with ssh-keygen.
 shellcheck:
-	@if command -v shellcheck >/dev/null; then :; \
+	@if command -v shellcheck >/dev/null && command -v ssh-keygen >/dev/null; then :; \
 	elif command -v apt-get >/dev/null; then \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck; \
-	else echo "shellcheck is not installed: the deployment scripts' lint test will be skipped"; fi
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck openssh-client; \
+	else echo "shellcheck or ssh-keygen is not installed: the deployment tests will fail or be skipped"; fi
