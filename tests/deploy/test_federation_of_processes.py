@@ -36,7 +36,12 @@ from ..mqtt.brokers import MOSQUITTO, Mosquitto, password_file, shipped_config
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
-APP = """[build-system]
+# A board silent for 2.5 heartbeats is offline. At 0.5 s, an agent starved of CPU for 1.25 s (a
+# ClientApp importing torch beside two busy benchmark processes on two cores) was taken for dead
+# while it lived, and its job dropped before the kill this test makes; a dead board's Last Will
+# comes within a second whatever the interval.
+HEARTBEAT_S = 1.0
+APP = f"""[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
 
@@ -61,7 +66,7 @@ strategy = "edgesched"
 rounds = 3
 min-deadline = 30.0
 round-timeout = 120.0
-heartbeat-interval = 0.5
+heartbeat-interval = {HEARTBEAT_S}
 """
 
 
@@ -161,7 +166,7 @@ class Federation:
             self.start_supernode(device, "--node-config", f"device-id='{device}'", EDGESCHED_STATE_DIR=str(state))
             self.procs.start(f"agent-{device}", sys.executable, "-m", "edgesched", "agent", "--broker",
                              self.broker.url, "--device-id", device, "--username", device, "--ca-file",
-                             self.folder / "ca.crt", "--interval", "0.5", "--keepalive", "2",
+                             self.folder / "ca.crt", "--interval", str(HEARTBEAT_S), "--keepalive", "2",
                              EDGESCHED_STATE_DIR=str(state), EDGESCHED_MQTT_PASSWORD=f"{device}-secret")
         (self.folder / "app" / "pyproject.toml").write_text(self.app)
         superlink_log = self.folder / "superlink.log"
