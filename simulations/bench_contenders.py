@@ -49,7 +49,8 @@ EASIER = 0.05
 
 
 def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
-            data_dir: Path | None = None, engine: str = "ray") -> dict[str, Any]:
+            data_dir: Path | None = None, engine: str = "ray", commit: str = "unknown") -> dict[str, Any]:
+    """Run one simulation unless `out` holds a finished one; `commit` names the code it runs with."""
     summary = out / "summary.json"
     if not summary.exists():
         cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
@@ -63,12 +64,13 @@ def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | 
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise SystemExit(f"bench_contenders: {' '.join(cmd[2:])} failed: {tail}")
-        (out / "commit.txt").write_text(code_version() + "\n")
+        (out / "commit.txt").write_text(commit + "\n")
     return json.loads(summary.read_text())
 
 
 def code_version() -> str:
-    """The commit of the code that runs the simulations (`-dirty` with uncommitted changes)."""
+    """The commit of the code that runs the simulations (`-dirty` with uncommitted changes), read
+    once when the benchmark starts: a commit made while it runs does not relabel its runs."""
     done = subprocess.run(["git", "-C", str(DOCS.parent), "describe", "--always", "--dirty", "--abbrev=7"],
                           capture_output=True, text=True)
     return done.stdout.strip() if done.returncode == 0 else "unknown"
@@ -78,7 +80,7 @@ def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: s
                seed: int) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
     out = _run_dir(args.out, fleet, dropout, strategy, seed)
-    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir, args.engine)
+    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir, args.engine, args.commit)
     return row(fleet, dropout, strategy, seed, summary, out), time.monotonic() - started
 
 
@@ -189,9 +191,10 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
         seed = min(r["seed"] for r in group)
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for strategy in CONTENDERS:
-            for r in (r for r in group if r["strategy"] == strategy and r["seed"] == seed):
-                ax.plot([vs for vs, _ in r["curve"]], [100 * acc for _, acc in r["curve"]], marker=".",
-                        label=strategy, linestyle="--" if "-no-" in strategy else "-")
+            for run in group:
+                if run["strategy"] == strategy and run["seed"] == seed:
+                    ax.plot([vs for vs, _ in run["curve"]], [100 * acc for _, acc in run["curve"]], marker=".",
+                            label=strategy, linestyle="--" if "-no-" in strategy else "-")
         for target in targets(group[0]["target_accuracy"]):
             ax.axhline(100 * target, color="grey", linewidth=0.8)
         ax.set(xscale="log", xlabel="virtual seconds (log)", ylabel="test accuracy (%)",
@@ -266,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--jobs must be at least 1")
     if args.quick:
         args.fleets, args.dropouts, args.seeds, args.rounds = ["lab-20"], [0.3], [0], 1
+    args.commit = code_version()
     plan = [(f, d, s, seed) for f in args.fleets for d in args.dropouts for seed in args.seeds for s in args.contenders]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
         futures = {pool.submit(_timed_run, args, *job): job for job in plan}
