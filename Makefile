@@ -9,12 +9,12 @@ BIN := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: simulate test setup data mosquitto shellcheck
+.PHONY: simulate test setup data mosquitto deploy-tools
 
 simulate: setup data
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/edgesched simulate $(ARGS)
 
-test: setup data mosquitto shellcheck
+test: setup data mosquitto deploy-tools
 	$(BIN)/ruff check .
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/pytest $(PYTEST_ARGS)
 
@@ -44,7 +44,7 @@ mosquitto:
 	else echo "mosquitto is not installed: the MQTT tests against it will be skipped"; fi
 
 # The deployment tests lint the scripts with shellcheck and make SuperNode keys with ssh-keygen.
-shellcheck:
+deploy-tools:
 	@if command -v shellcheck >/dev/null && command -v ssh-keygen >/dev/null; then :; \
 	elif command -v apt-get >/dev/null; then \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck openssh-client; \
