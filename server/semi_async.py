@@ -249,7 +249,7 @@ def _poll(grid: Grid, scheduler: Scheduler, fleet: FleetView, clock: Clock, pend
           bases: dict[int, list[np.ndarray]], rnd: int, intake: _Intake) -> None:
     """Take in the replies that came, and drop the jobs whose device is gone."""
     intake.jobs += _collect(grid, scheduler, fleet, pending, bases, clock.now(), rnd)
-    intake.lost += _drop_gone(scheduler, fleet, pending, clock.now())
+    intake.lost += _drop_gone(scheduler, fleet, pending, clock)
 
 
 def _collect(grid: Grid, scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent],
@@ -293,9 +293,14 @@ def vanished(fleet: FleetView, device: str, session: int | None, now: float) -> 
     return current is None or (session is not None and current != session)
 
 
-def _drop_gone(scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent], now: float) -> int:
-    """Jobs whose device went offline, or restarted its agent, will never reply."""
-    gone = [sent for sent in pending.values() if vanished(fleet, sent.device, sent.session, now)]
+def _drop_gone(scheduler: Scheduler, fleet: FleetView, pending: dict[str, _Sent], clock: Clock) -> int:
+    """Jobs whose device went offline, or restarted its agent, will never reply.
+
+    A drop is stamped with the time after the fleet was consulted: on a gateway that takes
+    calls to the SuperLink, during which a Last Will may come in, and a drop stamped before
+    them could precede the death that caused it."""
+    gone = [sent for sent in pending.values() if vanished(fleet, sent.device, sent.session, clock.now())]
+    now = clock.now()
     for sent in gone:
         scheduler.lost(sent.job_id, now, "device offline")
         del pending[sent.job_id]

@@ -247,6 +247,10 @@ class Federation:
                          and d["device"] == node and d["t"] > killed_at + 5]
         print(f"{device}: " + ", ".join(f"job dropped {d['t'] - killed_at:.1f} s after the kill" for d in dropped)
               if dropped else f"{device}: no job in flight")
+        for d in decisions:  # its story, for the log of a failed run
+            if d.get("device") == node and d["kind"] in ("plan", "outcome") and (d["kind"] != "plan" or d["selected"]):
+                print(f"  {d['t'] - killed_at:+8.1f} s round {d['round']} {d['kind']} "
+                      f"{d.get('outcome', '')} {d.get('reason', '')}")
         assert all(d["t"] - killed_at < 10 and d["reason"] == "device offline" for d in dropped), dropped
         assert not planned_after, planned_after  # offline through its Last Will: never planned again
         return len(dropped)
