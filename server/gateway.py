@@ -5,7 +5,10 @@ A Flower node is planned under the id `node-{id}`. Once a reply names the device
 predictions and risk, and its Last Will ends its jobs at once. So that this holds from a
 node's first job, not only after its first reply, every node is asked its device id (a
 `query` message, which the ClientApp answers without loading torch) as soon as it appears.
-Partition `i` is trained by the `i`-th node seen, as in the synchronous loop.
+Partition `i` is trained by the `i`-th node seen, as in the synchronous loop. What the gateway
+learned of each node (its partition, its device) goes into its checkpoint, so that a restarted
+gateway still knows a dead board's node: that node will never answer its query, and Flower
+lists it for about a minute after its death, a minute in which an unidentified node is planned.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,30 +40,42 @@ CHECKPOINT = "gateway-checkpoint.pkl"
 NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
 
 
+@dataclass
+class FleetMemory:
+    """What the gateway learned of Flower's nodes: the partition each trains, the device each runs on."""
+
+    partitions: dict[int, int] = field(default_factory=dict)
+    devices: dict[int, str] = field(default_factory=dict)
+
+
 class GatewayFleet:
     def __init__(self, grid: object, telemetry: RegistryListener | None, sizes: list[int],
-                 dataset: str | None = None) -> None:
+                 dataset: str | None = None, memory: FleetMemory | None = None) -> None:
         self._grid = grid
         self._dataset = dataset
         self._telemetry = telemetry
         self._sizes = sizes
-        self._partition: dict[int, int] = {}
+        self.memory = memory or FleetMemory()
+        for node, device_id in self.memory.devices.items():
+            self.seen(node, device_id)
         self._nodes_at = -np.inf
         self._nodes: list[int] = []
         self._asked: dict[str, int] = {}  # identification queries in flight: message id -> node
+        self._queried: set[int] = set()  # nodes this process has asked (once each)
 
     def nodes(self) -> list[int]:
         if time.monotonic() - self._nodes_at > NODE_LIST_TTL_S:
             self._nodes = sorted(self._grid.get_node_ids())
             self._nodes_at = time.monotonic()
             for node in self._nodes:
-                if node not in self._partition and self._telemetry is not None:
+                if self._telemetry is not None and node not in self.memory.devices and node not in self._queried:
                     self._ask_device_id(node)
-                self._partition.setdefault(node, len(self._partition) % len(self._sizes))
+                self.memory.partitions.setdefault(node, len(self.memory.partitions) % len(self._sizes))
         self._take_answers()
         return self._nodes
 
     def _ask_device_id(self, node: int) -> None:
+        self._queried.add(node)
         msg = Message(RecordDict({}), dst_node_id=node, message_type=MessageType.QUERY, group_id="identify")
         for msg_id in self._grid.push_messages([msg]):
             self._asked[msg_id] = node
@@ -83,7 +98,7 @@ class GatewayFleet:
         states = self._states()
         views = []
         for node in self.nodes():
-            samples = self._sizes[self._partition[node]]
+            samples = self._sizes[self.memory.partitions[node]]
             state = states.get(node)
             if state is None:
                 views.append(DeviceView(f"node-{node}", samples))
@@ -94,7 +109,7 @@ class GatewayFleet:
 
     def target(self, device: str) -> tuple[int, int]:
         node = int(device.removeprefix("node-"))
-        return node, self._partition[node]
+        return node, self.memory.partitions[node]
 
     def session(self, device: str, now: float) -> int | None:
         node = int(device.removeprefix("node-"))
@@ -112,6 +127,7 @@ class GatewayFleet:
         return len(self.nodes())
 
     def seen(self, node: int, device_id: str) -> None:
+        self.memory.devices[node] = device_id
         if self._telemetry is not None:
             self._telemetry.link_node(device_id, node)
 
@@ -124,6 +140,7 @@ class GatewayCheckpoint:
     loop: LoopState
     scheduler: Scheduler
     logs: dict[str, int] | None = None  # the run directory's logs' sizes (RunRecorder.offsets)
+    fleet: FleetMemory | None = None
 
 
 def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
@@ -159,9 +176,10 @@ def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,
     path = Path(cfg.checkpoint_dir) / CHECKPOINT if cfg.checkpoint_dir else None
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
-    save = (lambda loop, s: write_checkpoint(path, GatewayCheckpoint(cfg, loop, s, logs and logs()))) if path else None
+    fleet = GatewayFleet(grid, telemetry, sizes, cfg.dataset, saved and saved.fleet)
+    save = (lambda loop, s: write_checkpoint(path, GatewayCheckpoint(cfg, loop, s, logs and logs(), fleet.memory))
+            ) if path else None
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    fleet = GatewayFleet(grid, telemetry, sizes, cfg.dataset)
     result = run_semi_async(grid, WallClock(), fleet, scheduler, cfg, weights, scorer(model, ds.x_test, ds.y_test),
                             on_round, saved and saved.loop, save)
     if path:

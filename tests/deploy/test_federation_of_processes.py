@@ -6,8 +6,10 @@ With four boards: one device's SuperNode and agent are killed mid-run: its Last 
 the gateway through MQTT, its job is dropped within seconds (Flower alone notices a dead
 SuperNode after about a minute), and the run goes on. Then the broker is down for 10 s during
 round 2: the gateway keeps scheduling on what it last heard, and both sides reconnect. Then
-the ServerApp is SIGKILLed in round 3; submitted again, it goes on from its last checkpoint,
-and the run ends with a model and every round recorded once.
+the gateway loses power in round 3: the SuperLink and the ServerApp are SIGKILLed. The
+SuperLink restarts on its database, the boards reconnect under their node ids, the run is
+submitted again and goes on from its last checkpoint, never planning the dead board (its node
+is remembered in the checkpoint), and it ends with a model and every round recorded once.
 
 With ten boards: three, chosen at random, lose power at random moments during the rounds,
 and the run completes on the other seven."""
@@ -277,16 +279,20 @@ def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a
         _wait(lambda: len(fed.rounds()) >= 1 or run.poll() is not None, 300, "round 1 without the victim")
         fed.broker.restart(down_seconds=10.0)  # round 2 is under way meanwhile
         _wait(lambda: len(fed.rounds()) >= 2 or run.poll() is not None, 300, "round 2")
-        # The gateway's server dies mid-round 3: the ServerApp that Flower's SuperExec started for
-        # the run (a process of its own, pointed at this SuperLink).
+        # The gateway loses power mid-round 3: the SuperLink and the ServerApp that Flower's
+        # SuperExec started for the run (a process of its own, pointed at this SuperLink) die.
         server_apps = [p for p in psutil.process_iter() if "flwr-serverapp" in (c := _cmdline(p))
                        and f":{fed.link}" in c]
         assert server_apps and run.poll() is None
-        # Not the SuperLink too: after it restarted on its database, the resumed server once planned
-        # the dead board again (its job then lost to Flower's node heartbeat); open, docs/reliability.md.
+        fed.procs.kill("superlink")
         for server_app in server_apps:
-            server_app.kill()
+            if server_app.is_running():
+                server_app.kill()
         _wait(lambda: run.poll() is not None, 120, "the stopped run's log to end")
+        # Restarted on its database, the SuperLink lists the dead board's node again until Flower's
+        # heartbeat times it out: the resumed gateway must know that node from its checkpoint.
+        fed.start_superlink("superlink-rebooted")  # the live boards reconnect under their node ids
+        _wait(lambda: fed.flwr("supernode", "list") is not None, 60, "the rebooted SuperLink answering")
         again = fed.submit("flwr-run-again")
         _wait(lambda: again.poll() is not None, 600, "the end of the resumed run")
         assert (fed.out / "summary.json").exists(), fed.log("flwr-run-again")[-3000:]

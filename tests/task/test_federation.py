@@ -167,13 +167,13 @@ class PowerCut(Exception):
     pass
 
 
+def cut_at_round_3(record, jobs, model):
+    if record.round == 3:
+        raise PowerCut
+
+
 def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
     cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))  # made when first needed
-
-    def cut_at_round_3(record, jobs, model):
-        if record.round == 3:
-            raise PowerCut
-
     with pytest.raises(PowerCut):
         run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
     with pytest.raises(ConfigError, match="holds a checkpoint of another run"):
@@ -185,3 +185,33 @@ def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
     assert [e["round"] for e in result.decisions if e["kind"] == "round"][:2] == [1, 2]  # the log goes on
     assert rounds[-1].accuracy > 0.5
     assert not (tmp_path / "checkpoints" / "gateway-checkpoint.pkl").exists()
+
+
+class DeadNodeGrid(LocalGrid):
+    """Flower still lists node 303 (it does for about a minute), but its board is dead: nothing
+    sent to it is ever answered."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg, msg_id in zip(messages, ids, strict=True):
+            if msg.metadata.dst_node_id == 303:
+                del self._replies[msg_id]
+        return ids
+
+
+def test_a_restarted_gateway_knows_the_node_of_a_board_that_died_meanwhile(tmp_path):
+    """The board's Last Will, retained by the broker, says its device is offline; which node it
+    was, the dead node cannot answer, so the checkpoint must remember it."""
+    cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))
+    with pytest.raises(PowerCut):
+        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3, RecordingTelemetry())
+    telemetry = RecordingTelemetry()  # the restarted gateway's registry, fed the broker's retained statuses
+    telemetry.registry.ingest(topic("default", "jetson-c", "status"), Status("jetson-c", "offline", 1).to_json(),
+                              time.time())
+    grid, rounds = DeadNodeGrid(NODE_CONFIGS), []
+    result = run_adaptive(grid, cfg, lambda record, *_: rounds.append(record), telemetry)
+    assert [r.round for r in rounds] == [3, 4]
+    planned = [e["device"] for e in result.decisions if e["kind"] == "plan" and e.get("selected") and e["round"] >= 3]
+    assert planned and "node-303" not in planned
+    assert 303 not in {m.metadata.dst_node_id for m in grid.sent}  # neither a job nor a query it cannot answer
