@@ -46,6 +46,7 @@ class FleetMemory:
 
     partitions: dict[int, int] = field(default_factory=dict)
     devices: dict[int, str] = field(default_factory=dict)
+    heard: set[str] = field(default_factory=set)  # devices whose agents have been heard
 
 
 class GatewayFleet:
@@ -62,6 +63,8 @@ class GatewayFleet:
         self._nodes: list[int] = []
         self._asked: dict[str, int] = {}  # identification queries in flight: message id -> node
         self._queried: set[int] = set()  # nodes this process has asked (once each)
+        self._warned: set[int] = set()  # nodes whose device's silence has been logged
+        self._unheard_since: float | None = None
 
     def nodes(self) -> list[int]:
         if time.monotonic() - self._nodes_at > NODE_LIST_TTL_S:
@@ -100,12 +103,29 @@ class GatewayFleet:
         for node in self.nodes():
             samples = self._sizes[self.memory.partitions[node]]
             state = states.get(node)
-            if state is None:
+            if state is not None:
+                self.memory.heard.add(state.device_id)
+                if state.online:
+                    history = self._telemetry.history(state.device_id)
+                    views.append(device_view(state, samples, history, device=f"node-{node}", dataset=self._dataset))
+            elif self.memory.devices.get(node) in self.memory.heard:
+                self._unheard(node, now)
+            else:  # no agent (yet), or none at all: planned on its class's prior
                 views.append(DeviceView(f"node-{node}", samples))
-            elif state.online:
-                history = self._telemetry.history(state.device_id) if self._telemetry else ()
-                views.append(device_view(state, samples, history, device=f"node-{node}", dataset=self._dataset))
         return views
+
+    def _unheard(self, node: int, now: float) -> None:
+        """A device whose agent an earlier start of this gateway heard has not been heard since
+        the restart: the board is dead (after a broker restart its Last Will may be gone too) or
+        its agent is not up yet. Planned blind, a dead board's job would wait for Flower's
+        heartbeat (about a minute); so it is not planned until it is heard, which a live agent is
+        within one heartbeat. Silent for longer than the registry's timeout, it is worth a line
+        in the log."""
+        self._unheard_since = self._unheard_since or now
+        if node not in self._warned and now - self._unheard_since > self._telemetry.registry.config.timeout:
+            self._warned.add(node)
+            log.warning("node %d runs device %r, whose agent has not been heard since the gateway restarted: "
+                        "not planned until it is", node, self.memory.devices[node])
 
     def target(self, device: str) -> tuple[int, int]:
         node = int(device.removeprefix("node-"))

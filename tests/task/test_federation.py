@@ -18,7 +18,7 @@ from edgesched.config import RunConfig
 from edgesched.errors import ConfigError
 from edgesched.registry import DeviceRegistry, RegistryConfig
 from edgesched.server.federation import run_federation
-from edgesched.server.gateway import GatewayFleet, run_adaptive
+from edgesched.server.gateway import FleetMemory, GatewayFleet, run_adaptive
 from edgesched.telemetry import Status, topic
 
 from ..grids import LocalGrid
@@ -29,10 +29,10 @@ NODES = {101: "pi4-a", 202: "pi5-b", 303: "jetson-c"}
 class RecordingTelemetry:
     """What run_federation needs of a RegistryListener: link_node, over a real registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, alive: list[str] | None = None) -> None:
         self.registry = DeviceRegistry(RegistryConfig())
         now = time.time()
-        for device in NODES.values():
+        for device in NODES.values() if alive is None else alive:
             self.registry.ingest(topic("default", device, "status"), Status(device, "online", 1).to_json(), now)
 
     def link_node(self, device_id: str, node_id: int) -> None:
@@ -200,18 +200,40 @@ class DeadNodeGrid(LocalGrid):
         return ids
 
 
-def test_a_restarted_gateway_knows_the_node_of_a_board_that_died_meanwhile(tmp_path):
-    """The board's Last Will, retained by the broker, says its device is offline; which node it
-    was, the dead node cannot answer, so the checkpoint must remember it."""
+@pytest.mark.parametrize("will", ["retained", "lost with a broker restart"])
+def test_a_restarted_gateway_knows_the_node_of_a_board_that_died_meanwhile(tmp_path, will):
+    """Which node the board was, the dead node cannot answer, so the checkpoint must remember it.
+    Its Last Will, if the broker kept it, says it is offline; if not, it is never heard again."""
     cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))
     with pytest.raises(PowerCut):
         run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3, RecordingTelemetry())
-    telemetry = RecordingTelemetry()  # the restarted gateway's registry, fed the broker's retained statuses
-    telemetry.registry.ingest(topic("default", "jetson-c", "status"), Status("jetson-c", "offline", 1).to_json(),
-                              time.time())
+    telemetry = RecordingTelemetry(alive=["pi4-a", "pi5-b"])  # the restarted gateway's registry
+    if will == "retained":
+        telemetry.registry.ingest(topic("default", "jetson-c", "status"),
+                                  Status("jetson-c", "offline", 1).to_json(), time.time())
     grid, rounds = DeadNodeGrid(NODE_CONFIGS), []
     result = run_adaptive(grid, cfg, lambda record, *_: rounds.append(record), telemetry)
     assert [r.round for r in rounds] == [3, 4]
     planned = [e["device"] for e in result.decisions if e["kind"] == "plan" and e.get("selected") and e["round"] >= 3]
     assert planned and "node-303" not in planned
     assert 303 not in {m.metadata.dst_node_id for m in grid.sent}  # neither a job nor a query it cannot answer
+
+
+def test_a_device_heard_before_a_restart_but_not_since_is_not_planned_and_is_named_in_the_log(caplog):
+    telemetry = RecordingTelemetry(alive=["pi4-a", "pi5-b"])
+    memory = FleetMemory(partitions={101: 0, 202: 1, 303: 2}, devices=dict(NODES), heard=set(NODES.values()))
+    fleet = GatewayFleet(LocalGrid(NODE_CONFIGS), telemetry, sizes=[10, 10, 10], memory=memory)
+    now = time.time()
+    assert [v.device for v in fleet.views(now)] == ["node-101", "node-202"]
+    assert "jetson-c" not in caplog.text  # a live agent is heard within a heartbeat: no alarm yet
+    timeout = telemetry.registry.config.timeout
+    assert [v.device for v in fleet.views(now + timeout + 1)] == ["node-101", "node-202"]
+    assert "node 303 runs device 'jetson-c', whose agent has not been heard since the gateway restarted" in caplog.text
+
+
+def test_a_node_whose_device_has_no_agent_is_planned_on_its_prior():
+    """Flower's simulation, or boards run without agents: nothing is ever heard of them."""
+    fleet = GatewayFleet(LocalGrid(NODE_CONFIGS), RecordingTelemetry(alive=[]), sizes=[10, 10, 10])
+    fleet.nodes()  # asked, answered, joined to their device ids
+    assert fleet.memory.devices == NODES
+    assert [v.device for v in fleet.views(time.time())] == [f"node-{n}" for n in NODES]
