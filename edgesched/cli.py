@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import click
 import typer
 
-from edgesched.config import DATASETS, ENGINES, GATEWAY_STRATEGIES, STRATEGIES, RunConfig
+from edgesched.config import DATASETS, ENGINES, GATEWAY_STRATEGIES, STRATEGIES, RunConfig, parse_scheduler_keys
 from edgesched.errors import ConfigError, EdgeschedError
 
 if TYPE_CHECKING:
@@ -87,6 +87,10 @@ def simulate(
         "deadline, 130 % over-selection), fedbuff, oracle (knows the future) and the ablations "
         "edgesched-no-prediction, edgesched-no-staleness, edgesched-no-equal-finish (docs/benchmarks.md)."
     ))] = None,
+    scheduler: Annotated[str | None, Opt(help=(
+        "Change the adaptive scheduler's settings, as flwr run's --run-config does on a gateway: "
+        "\"min-round-share=1.0 max-staleness=2\". Keys, defaults and meaning: docs/scheduler.md."
+    ))] = None,
     broker: Annotated[str | None, Opt(help=(
         "With --fleet: carry the virtual devices' heartbeats over MQTT instead of in-process: 'embedded' "
         "(a broker on loopback) or mqtt://host:port. Decisions come out the same either way."
@@ -137,7 +141,8 @@ def simulate(
 
         spec = load_fleet(fleet).with_overrides(
             seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
-            strategy=strategy or "edgesched", bad_updates=bad_updates, onnx_every_round=onnx_every_round)
+            strategy=strategy or "edgesched", bad_updates=bad_updates, onnx_every_round=onnx_every_round,
+            scheduler=parse_scheduler_keys(scheduler or ""))
         _simulate_fleet(spec, broker, out, engine)
         return
     if dropout is not None or broker is not None or bad_updates is not None or engine != "ray":
@@ -150,7 +155,7 @@ def simulate(
         alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
         client_cpus=client_cpus, broker="none", strategy=strategy or "fedavg", onnx_every_round=onnx_every_round,
         **{k: v for k, v in optional.items() if v is not None},
-    ).resolved()
+    ).with_keys(parse_scheduler_keys(scheduler or "")).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run
 

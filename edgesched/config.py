@@ -39,6 +39,12 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# The adaptive scheduler's knobs (docs/scheduler.md): what `edgesched simulate --scheduler` may change.
+SCHEDULER_KEYS = ("max-epochs", "min-epochs", "deadline-quantile", "min-deadline", "max-staleness",
+                  "staleness-exponent", "max-overselect", "min-round-share", "server-lr", "fairness-rounds",
+                  "gateway-mbps", "battery-reserve", "update-norm-limit", "large-update", "robust-aggregation")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a federated run needs; `None` means "the data set's default"."""
@@ -127,13 +133,11 @@ class RunConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
         """Build from kebab-case keys, coercing numbers and refusing unknown keys by name."""
-        known = {_kebab(f.name): f for f in fields(cls)}
-        kwargs = {}
-        for key, value in values.items():
-            if key not in known:
-                raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
-            kwargs[known[key].name] = _coerce(key, value, known[key].type)
-        return cls(**kwargs)
+        return cls(**_field_values(values))
+
+    def with_keys(self, values: Mapping[str, Any]) -> RunConfig:
+        """This config with some kebab-case keys changed, coerced and checked as in `from_mapping`."""
+        return dataclasses.replace(self, **_field_values(values))
 
     def resolved(self) -> RunConfig:
         """Fill the data-set defaults, so a saved config says exactly what ran."""
@@ -163,6 +167,32 @@ def _kebab(name: str) -> str:
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
         raise ConfigError(f"{key}: {rule}, got {value!r}")
+
+
+def _field_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Kebab-case keys to RunConfig's field names and types; an unknown key is refused by name."""
+    known = {_kebab(f.name): f for f in fields(RunConfig)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
+        kwargs[known[key].name] = _coerce(key, value, known[key].type)
+    return kwargs
+
+
+def parse_scheduler_keys(text: str) -> dict[str, str]:
+    """`edgesched simulate --scheduler`: 'key=value key=value' (flwr run's --run-config form),
+    only the adaptive scheduler's keys; the values are coerced by `RunConfig.with_keys`."""
+    values = {}
+    for pair in text.split():
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"--scheduler: {pair!r} is not key=value (e.g. \"min-round-share=1.0 max-staleness=2\")")
+        if key not in SCHEDULER_KEYS:
+            raise ConfigError(f"--scheduler: {key!r} is not a scheduler setting; "
+                              f"choose from {', '.join(SCHEDULER_KEYS)}")
+        values[key] = value.strip("'\"")
+    return values
 
 
 def _coerce(key: str, value: Any, annotation: str) -> Any:

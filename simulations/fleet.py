@@ -7,7 +7,7 @@ Every value is checked on load; an error names the file and the key, e.g.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,8 +59,10 @@ class FleetSpec:
 
     def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
                        data_dir: str | None = None, strategy: str | None = None,
-                       bad_updates: float | None = None, onnx_every_round: bool = False) -> FleetSpec:
-        """The same fleet with CLI overrides applied (None keeps the file's value)."""
+                       bad_updates: float | None = None, onnx_every_round: bool = False,
+                       scheduler: Mapping[str, str] | None = None) -> FleetSpec:
+        """The same fleet with CLI overrides applied (None keeps the file's value); `scheduler`
+        holds kebab-case scheduler settings (`--scheduler`)."""
         run = dataclasses.replace(
             self.run,
             seed=self.run.seed if seed is None else seed,
@@ -68,7 +70,7 @@ class FleetSpec:
             data_dir=data_dir or self.run.data_dir,
             strategy=strategy or self.run.strategy,
             onnx_every_round=onnx_every_round or self.run.onnx_every_round,
-        )
+        ).with_keys(scheduler or {})
         dynamics = dataclasses.replace(
             self.dynamics,
             dropout=self.dynamics.dropout if dropout is None else dropout,

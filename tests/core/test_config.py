@@ -1,6 +1,6 @@
 import pytest
 
-from edgesched.config import RunConfig
+from edgesched.config import RunConfig, parse_scheduler_keys
 from edgesched.errors import ConfigError
 
 
@@ -57,3 +57,23 @@ def test_fast_devices_may_train_twice_the_local_epochs_unless_told_otherwise():
 def test_mapping_round_trip():
     cfg = RunConfig(dataset="digits", clients=7, rounds=3).resolved()
     assert RunConfig.from_mapping(cfg.to_mapping()) == cfg
+
+
+def test_scheduler_settings_change_a_fleet_run_and_nothing_else():
+    from edgesched.simulations.fleet import load_fleet
+
+    spec = load_fleet("lab-20")
+    keys = parse_scheduler_keys("min-round-share=1.0 max-staleness='2' large-update=refuse")
+    tuned = spec.with_overrides(scheduler=keys)
+    assert (tuned.run.min_round_share, tuned.run.max_staleness, tuned.run.large_update) == (1.0, 2, "refuse")
+    assert tuned.run.with_keys({"min-round-share": 0.5, "max-staleness": 3, "large-update": "clip"}) == spec.run
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("lr=1", "'lr' is not a scheduler setting"),  # training settings belong to the fleet file
+    ("min-round-share", "is not key=value"),
+    ("max-staleness=", "is not key=value"),
+])
+def test_scheduler_settings_are_refused_by_name(text, says):
+    with pytest.raises(ConfigError, match=says):
+        parse_scheduler_keys(text)

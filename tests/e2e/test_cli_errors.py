@@ -82,6 +82,8 @@ def test_agent_bad_input_is_one_clear_line(args, says):
         (["--fleet", "lab-20", "--broker", "mqtt://127.0.0.1:1"], "cannot reach the MQTT broker at mqtt://127.0.0.1:1"),
         (["--fleet", "lab-20", "--broker", "http://x"], "broker URL 'http://x': expected mqtt://"),
         (["--fleet", "lab-20", "--dropout", "2"], "--dropout must be in [0, 1]"),
+        (["--fleet", "lab-20", "--scheduler", "min-round-share=0"], "min-round-share: must be in (0, 1], got 0.0"),
+        (["--fleet", "lab-20", "--scheduler", "rounds=3"], "--scheduler: 'rounds' is not a scheduler setting"),
     ],
 )
 def test_fleet_bad_input_is_one_clear_line(args, says):
