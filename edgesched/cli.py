@@ -136,13 +136,14 @@ def simulate(
         return
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
+    scheduler_keys = parse_scheduler_keys(scheduler or "")
     if fleet is not None:
         from edgesched.simulations.fleet import load_fleet
 
         spec = load_fleet(fleet).with_overrides(
             seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
             strategy=strategy or "edgesched", bad_updates=bad_updates, onnx_every_round=onnx_every_round,
-            scheduler=parse_scheduler_keys(scheduler or ""))
+            scheduler=scheduler_keys)
         _simulate_fleet(spec, broker, out, engine)
         return
     if dropout is not None or broker is not None or bad_updates is not None or engine != "ray":
@@ -155,7 +156,7 @@ def simulate(
         alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
         client_cpus=client_cpus, broker="none", strategy=strategy or "fedavg", onnx_every_round=onnx_every_round,
         **{k: v for k, v in optional.items() if v is not None},
-    ).with_keys(parse_scheduler_keys(scheduler or "")).resolved()
+    ).with_keys(scheduler_keys).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run
 
