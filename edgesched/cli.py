@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Annotated
 import click
 import typer
 
-from edgesched.config import DATASETS, ENGINES, GATEWAY_STRATEGIES, STRATEGIES, RunConfig, parse_scheduler_keys
+from edgesched.config import (
+    BASELINES,
+    DATASETS,
+    ENGINES,
+    GATEWAY_STRATEGIES,
+    STRATEGIES,
+    RunConfig,
+    parse_scheduler_keys,
+)
 from edgesched.errors import ConfigError, EdgeschedError
 
 if TYPE_CHECKING:
@@ -137,6 +145,10 @@ def simulate(
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
     scheduler_keys = parse_scheduler_keys(scheduler or "")
+    chosen = strategy or ("edgesched" if fleet is not None else "fedavg")
+    if scheduler_keys and chosen in BASELINES:
+        raise ConfigError(f"--scheduler sets the adaptive scheduler, which --strategy {chosen} does not use; "
+                          "pick an edgesched strategy or drop --scheduler")
     if fleet is not None:
         from edgesched.simulations.fleet import load_fleet
 

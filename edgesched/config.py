@@ -25,8 +25,9 @@ FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # What a gateway runs; the simulator also runs the baselines and ablations the side-by-side
 # benchmark compares (edgesched.simulations.contenders says what each one is).
 GATEWAY_STRATEGIES = ("fedavg", "edgesched")
-STRATEGIES = ("fedavg", "fedprox", "deadline", "fedbuff", "edgesched", "edgesched-no-prediction",
-              "edgesched-no-staleness", "edgesched-no-equal-finish", "oracle")
+BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive scheduler: its settings do not apply
+STRATEGIES = (*BASELINES, "edgesched", "edgesched-no-prediction", "edgesched-no-staleness",
+              "edgesched-no-equal-finish", "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
 # Clients of hapt and digits hold a few hundred samples each: one epoch is a handful of steps,

@@ -84,6 +84,9 @@ def test_agent_bad_input_is_one_clear_line(args, says):
         (["--fleet", "lab-20", "--dropout", "2"], "--dropout must be in [0, 1]"),
         (["--fleet", "lab-20", "--scheduler", "min-round-share=0"], "min-round-share: must be in (0, 1], got 0.0"),
         (["--fleet", "lab-20", "--scheduler", "rounds=3"], "--scheduler: 'rounds' is not a scheduler setting"),
+        (["--fleet", "lab-20", "--strategy", "fedbuff", "--scheduler", "max-staleness=2"],
+         "--scheduler sets the adaptive scheduler, which --strategy fedbuff does not use"),
+        (["--scheduler", "max-staleness=2"], "which --strategy fedavg does not use"),
     ],
 )
 def test_fleet_bad_input_is_one_clear_line(args, says):
