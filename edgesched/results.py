@@ -169,7 +169,8 @@ def write_checkpoint(path: Path, state: object) -> None:
 
 
 def read_checkpoint(path: Path, kind: type[T]) -> T:
-    """The `kind` pickled at `path`; a one-line error for a damaged or foreign file.
+    """The `kind` pickled at `path`; a one-line error for a damaged or foreign file, or one of
+    another checkpoint format (`kind.format`: raised whenever a pickled class changes).
 
     A checkpoint is a pickle: read only those you trust, as with any pickle."""
     try:
@@ -178,6 +179,10 @@ def read_checkpoint(path: Path, kind: type[T]) -> T:
         raise ConfigError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
     if not isinstance(state, kind):
         raise ConfigError(f"{path}: not a {kind.__name__} of this version of edgesched")
+    # The instance's own field, not the class default a pickle from before the field would show.
+    if (written := vars(state).get("format")) != getattr(kind, "format", None):
+        raise ConfigError(f"{path}: written by another version of edgesched (checkpoint format {written}, "
+                          f"this version reads {getattr(kind, 'format', None)})")
     return state
 
 

@@ -37,6 +37,7 @@ from edgesched.server.semi_async import LoopState, WallClock, run_semi_async
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "gateway-checkpoint.pkl"
+CHECKPOINT_FORMAT = 1  # raised whenever a class the checkpoint pickles changes incompatibly
 NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
 
 
@@ -161,6 +162,7 @@ class GatewayCheckpoint:
     scheduler: Scheduler
     logs: dict[str, int] | None = None  # the run directory's logs' sizes (RunRecorder.offsets)
     fleet: FleetMemory | None = None
+    format: int = CHECKPOINT_FORMAT
 
 
 def run_adaptive(grid: object, cfg: RunConfig, on_round: RoundCallback,

@@ -63,7 +63,4 @@ def load(run_dir: Path) -> Checkpoint:
         what = "no run directory" if not run_dir.is_dir() else "no checkpoint (only the adaptive scheduler's " \
             f"strategies write one: {', '.join(RESUMABLE)}; or the run stopped before its first round)"
         raise ConfigError(f"{run_dir}: {what}")
-    checkpoint = read_checkpoint(path, Checkpoint)
-    if checkpoint.format != FORMAT:
-        raise ConfigError(f"{path}: written by another version of edgesched")
-    return checkpoint
+    return read_checkpoint(path, Checkpoint)

@@ -7,6 +7,7 @@ it), so this checks per-client ConfigRecords and the device-id <-> node-id link 
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 
 import numpy as np
@@ -18,7 +19,7 @@ from edgesched.config import RunConfig
 from edgesched.errors import ConfigError
 from edgesched.registry import DeviceRegistry, RegistryConfig
 from edgesched.server.federation import run_federation
-from edgesched.server.gateway import FleetMemory, GatewayFleet, run_adaptive
+from edgesched.server.gateway import CHECKPOINT, FleetMemory, GatewayFleet, run_adaptive
 from edgesched.telemetry import Status, topic
 
 from ..grids import LocalGrid
@@ -185,6 +186,23 @@ def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
     assert [e["round"] for e in result.decisions if e["kind"] == "round"][:2] == [1, 2]  # the log goes on
     assert rounds[-1].accuracy > 0.5
     assert not (tmp_path / "checkpoints" / "gateway-checkpoint.pkl").exists()
+
+
+@pytest.mark.parametrize("format_field", ["older", "absent"])
+def test_a_gateway_checkpoint_of_another_format_is_a_clear_error(tmp_path, format_field):
+    """A gateway upgraded mid-run must not go on from classes pickled by another version."""
+    cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path))
+    with pytest.raises(PowerCut):
+        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
+    path = tmp_path / CHECKPOINT
+    saved = pickle.loads(path.read_bytes())
+    if format_field == "older":
+        saved.format -= 1
+    else:  # written before checkpoints had a format: the class default must not stand in for it
+        del saved.__dict__["format"]
+    path.write_bytes(pickle.dumps(saved))
+    with pytest.raises(ConfigError, match="written by another version of edgesched"):
+        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
 
 
 class DeadNodeGrid(LocalGrid):
