@@ -145,7 +145,7 @@ def simulate(
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
     scheduler_keys = parse_scheduler_keys(scheduler or "")
-    chosen = strategy or ("edgesched" if fleet is not None else "fedavg")
+    chosen = strategy or ("edgesched" if fleet is not None else "fedavg")  # by default edgesched on a fleet, else FedAvg
     if scheduler_keys and chosen in BASELINES:
         raise ConfigError(f"--scheduler sets the adaptive scheduler, which --strategy {chosen} does not use; "
                           "pick an edgesched strategy or drop --scheduler")
@@ -154,19 +154,19 @@ def simulate(
 
         spec = load_fleet(fleet).with_overrides(
             seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
-            strategy=strategy or "edgesched", bad_updates=bad_updates, onnx_every_round=onnx_every_round,
+            strategy=chosen, bad_updates=bad_updates, onnx_every_round=onnx_every_round,
             scheduler=scheduler_keys)
         _simulate_fleet(spec, broker, out, engine)
         return
     if dropout is not None or broker is not None or bad_updates is not None or engine != "ray":
         raise ConfigError("--dropout, --bad-updates, --broker and --engine need --fleet: they describe a virtual fleet")
-    if strategy is not None and strategy in STRATEGIES and strategy not in GATEWAY_STRATEGIES:
-        raise ConfigError(f"--strategy {strategy} is a baseline for virtual fleets: it needs --fleet")
+    if chosen in STRATEGIES and chosen not in GATEWAY_STRATEGIES:
+        raise ConfigError(f"--strategy {chosen} is a baseline for virtual fleets: it needs --fleet")
     optional = {"rounds": rounds, "seed": seed}
     cfg = RunConfig(
         dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, partitioner=partitioner,
         alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
-        client_cpus=client_cpus, broker="none", strategy=strategy or "fedavg", onnx_every_round=onnx_every_round,
+        client_cpus=client_cpus, broker="none", strategy=chosen, onnx_every_round=onnx_every_round,
         **{k: v for k, v in optional.items() if v is not None},
     ).with_keys(scheduler_keys).resolved()
     out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
