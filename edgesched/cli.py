@@ -145,7 +145,7 @@ def simulate(
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
     scheduler_keys = parse_scheduler_keys(scheduler or "")
-    chosen = strategy or ("edgesched" if fleet is not None else "fedavg")  # by default edgesched on a fleet, else FedAvg
+    chosen = strategy or ("edgesched" if fleet is not None else "fedavg")  # the default: edgesched on a fleet
     if scheduler_keys and chosen in BASELINES:
         raise ConfigError(f"--scheduler sets the adaptive scheduler, which --strategy {chosen} does not use; "
                           "pick an edgesched strategy or drop --scheduler")
