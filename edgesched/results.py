@@ -180,9 +180,10 @@ def read_checkpoint(path: Path, kind: type[T]) -> T:
     if not isinstance(state, kind):
         raise ConfigError(f"{path}: not a {kind.__name__} of this version of edgesched")
     # The instance's own field, not the class default a pickle from before the field would show.
-    if (written := vars(state).get("format")) != getattr(kind, "format", None):
+    written, reads = vars(state).get("format"), getattr(kind, "format", None)
+    if written != reads:
         raise ConfigError(f"{path}: written by another version of edgesched (checkpoint format {written}, "
-                          f"this version reads {getattr(kind, 'format', None)})")
+                          f"this version reads {reads})")
     return state
 
 
