@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import paho.mqtt.client as mqtt
 
 from edgesched.clients import probes
+from edgesched.clients.job_report import read_job_report
+from edgesched.core.telemetry import Capabilities, Heartbeat, Status, TelemetryError, topic
 from edgesched.mqtt import BrokerURL, make_client
-from edgesched.telemetry import Capabilities, Heartbeat, Status, TelemetryError, read_job_report, topic
 
 log = logging.getLogger("edgesched.agent")
 

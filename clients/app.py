@@ -20,9 +20,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from edgesched import data, partition
-from edgesched.jobs import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
+from edgesched.clients.job_report import state_dir, write_job_report
+from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
 from edgesched.results import atomic_write
-from edgesched.telemetry import state_dir, write_job_report
 
 if TYPE_CHECKING:
     from torch import nn

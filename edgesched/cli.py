@@ -191,7 +191,7 @@ def _resume_fleet(run_dir: Path, engine: str) -> None:
     from edgesched.simulations.fleet_run import simulate_fleet
 
     saved = checkpoint.load(run_dir)
-    typer.echo(f"resuming {run_dir} after round {saved.loop.round} of {saved.spec.run.rounds}", err=True)
+    typer.echo(f"resuming {run_dir} after round {saved.state.step} of {saved.spec.run.rounds}", err=True)
     _report(saved.spec, run_dir, simulate_fleet(saved.spec, run_dir, saved.broker, resume=saved, engine=engine))
 
 
@@ -277,8 +277,8 @@ def agent(
     import logging
 
     from edgesched.clients.agent import AgentConfig, run_agent
+    from edgesched.core.telemetry import valid_id
     from edgesched.mqtt import BrokerURL
-    from edgesched.telemetry import valid_id
 
     for name, value in (("--device-id", device_id), ("--fleet", fleet)):
         if not valid_id(value):

@@ -18,9 +18,9 @@ from urllib.parse import unquote, urlsplit
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edgesched.core.registry import DeviceRegistry, RegistrySnapshot
+from edgesched.core.telemetry import Heartbeat, subscription
 from edgesched.errors import ConfigError, EdgeschedError
-from edgesched.registry import DeviceRegistry, RegistrySnapshot
-from edgesched.telemetry import Heartbeat, subscription
 
 PASSWORD_ENV = "EDGESCHED_MQTT_PASSWORD"
 

@@ -10,53 +10,17 @@ import csv
 import json
 import os
 import pickle
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import numpy as np
 
+from edgesched.core.decisions import Arrived, Decision, Expired, Lost, RoundPlanned
+from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.errors import ConfigError
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """One round as the server saw it; `seconds` counts from the start of the run (wall
-    clock), `virtual_seconds` from the start of a virtual fleet's run (None without one)."""
-
-    round: int
-    accuracy: float
-    loss: float
-    train_loss: float
-    selected: int
-    replied: int
-    failed: int
-    samples: int
-    seconds: float
-    virtual_seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """One client job's report: the raw observations a performance model learns from."""
-
-    round: int
-    partition: int
-    node_id: int
-    device_id: str
-    samples: int
-    steps: int
-    seconds: float
-    samples_per_second: float
-    loss: float
-
-
-Model = Mapping[str, np.ndarray]  # the global model: parameter name -> weights
-# Called after each round with its record, the jobs that counted in it, and the new global model.
-RoundCallback = Callable[[RoundRecord, list[JobRecord], Model], None]
 
 
 class RunRecorder:
@@ -127,14 +91,15 @@ class RunRecorder:
         with (self.out_dir / "jobs.csv").open(newline="") as f:
             return len({row["partition"] for row in csv.DictReader(f)})
 
-    def write_decisions(self, log: list[dict[str, Any]]) -> None:
-        """The scheduler's decision log as decisions.jsonl, and its picture as decisions.png."""
-        path = self.out_dir / "decisions.jsonl"
-        with path.open("w") as f:
-            for line in log:
-                f.write(json.dumps(line, sort_keys=True) + "\n")
-        if log:
-            plot_decisions(log, self.out_dir / "decisions.png")
+    def write_decisions(self, log: list[Decision]) -> None:
+        """The scheduler's decision log as decisions.jsonl, and its picture as decisions.png
+        (a policy that keeps no log writes neither)."""
+        if not log:
+            return
+        with (self.out_dir / "decisions.jsonl").open("w") as f:
+            for decision in log:
+                f.write(decision.to_json() + "\n")
+        plot_decisions(log, self.out_dir / "decisions.png")
 
 
 def open_log(path: Path, resume_at: int | None = None, newline: str | None = None) -> IO[str]:
@@ -187,10 +152,9 @@ def read_checkpoint(path: Path, kind: type[T]) -> T:
     return state
 
 
-def prediction_error(log: list[dict[str, Any]], after_round: int = 0) -> dict[str, Any]:
+def prediction_error(log: list[Decision], after_round: int = 0) -> dict[str, Any]:
     """Median absolute % error of predicted vs actual job time, over on-time arrivals after a round."""
-    errors = [abs(e["error"]) for e in log if e["kind"] == "outcome" and "error" in e
-              and e["staleness"] == 0 and e["round"] > after_round]
+    errors = [abs(e.error) for e in log if isinstance(e, Arrived) and e.staleness == 0 and e.round > after_round]
     return {"after_round": after_round, "jobs": len(errors),
             "median_abs_pct": round(100 * float(np.median(errors)), 2) if errors else None}
 
@@ -241,7 +205,7 @@ def plot_accuracy(rounds: list[RoundRecord], path: Path, virtual_time: bool = Fa
     plt.close(fig)
 
 
-def plot_decisions(log: list[dict[str, Any]], path: Path) -> None:
+def plot_decisions(log: list[Decision], path: Path) -> None:
     """Three panels: predicted vs actual job time; per round the deadline and what became of
     the jobs; the prediction error per round."""
     import matplotlib
@@ -249,14 +213,14 @@ def plot_decisions(log: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arrived = [e for e in log if e["kind"] == "outcome" and "actual_s" in e]
-    rounds = [e for e in log if e["kind"] == "round"]
+    arrived = [e for e in log if isinstance(e, Arrived)]
+    rounds = [e for e in log if isinstance(e, RoundPlanned)]
     fig, (ax_pred, ax_round, ax_err) = plt.subplots(1, 3, figsize=(14, 4), dpi=110)
     if arrived:
-        actual = [e["actual_s"] for e in arrived]
-        ax_pred.scatter(actual, [e["predicted_s"] for e in arrived], s=6, alpha=0.5,
-                        c=[e["round"] for e in arrived], cmap="viridis")
-        both = actual + [e["predicted_s"] for e in arrived]
+        actual = [e.actual_s for e in arrived]
+        ax_pred.scatter(actual, [e.predicted_s for e in arrived], s=6, alpha=0.5, c=[e.round for e in arrived],
+                        cmap="viridis")
+        both = actual + [e.predicted_s for e in arrived]
         low, top = max(min(both), 1e-3), max(both)
         ax_pred.plot([low, top], [low, top], color="grey", linewidth=0.8)
         ax_pred.set(xscale="log", yscale="log")
@@ -264,11 +228,12 @@ def plot_decisions(log: list[dict[str, Any]], path: Path) -> None:
                 title="prediction vs outcome (colour: round)")
     by_round: dict[int, dict[str, int]] = {}
     for e in log:
-        if e["kind"] == "outcome":
-            counts = by_round.setdefault(e["arrived_round"], {})
-            counts[e["outcome"]] = counts.get(e["outcome"], 0) + 1
-    xs = sorted({r["round"] for r in rounds})
-    deadline = {r["round"]: r["deadline_s"] for r in rounds}
+        if isinstance(e, Arrived | Lost | Expired):
+            counts = by_round.setdefault(e.arrived_round, {})
+            outcome = e.to_dict()["outcome"]
+            counts[outcome] = counts.get(outcome, 0) + 1
+    xs = sorted({r.round for r in rounds})
+    deadline = {r.round: r.deadline_s for r in rounds}
     bottom = np.zeros(len(xs))
     for outcome, colour in (("counted", "tab:green"), ("too_stale", "tab:orange"), ("expired", "tab:purple"),
                             ("lost", "tab:red")):
@@ -282,8 +247,8 @@ def plot_decisions(log: list[dict[str, Any]], path: Path) -> None:
     ax_dl.set_ylabel("deadline (s)")
     errors: dict[int, list[float]] = {}
     for e in arrived:
-        if e["staleness"] == 0:
-            errors.setdefault(e["round"], []).append(100 * abs(e["error"]))
+        if e.staleness == 0:
+            errors.setdefault(e.round, []).append(100 * abs(e.error))
     ex = sorted(errors)
     ax_err.plot(ex, [float(np.median(errors[x])) for x in ex], "o-", color="tab:blue")
     ax_err.set(xlabel="round", ylabel="median |error| (%)", title="job-time prediction error")

@@ -7,8 +7,8 @@ from contextlib import ExitStack, contextmanager
 
 from edgesched.broker import EmbeddedBroker
 from edgesched.config import RunConfig
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.mqtt import BrokerURL, RegistryListener
-from edgesched.registry import DeviceRegistry, RegistryConfig
 
 EMBEDDED, NONE = "embedded", "none"
 EMBEDDED_PORT = 1883

@@ -1,19 +1,20 @@
-"""Checkpoints of a simulated run: written after every aggregation, continued with --resume.
+"""Checkpoints of a simulated run: written after every server step, continued with --resume.
 
-One pickle holds everything the rest of the run depends on: the loop's state (global model,
-the models that jobs in flight started from, the jobs in flight, the rounds so far), the
-scheduler (predictor, risk, convergence feedback, validation, buffers, decision log), the
-virtual grid (clock and event queue, the jobs on the devices' timelines, its random stream),
-the fleet (every device's state and random stream) and the registry its heartbeats fed — in
-one object graph, so what they share stays shared. It also records how long each log in the
-run directory was, so a resumed run cuts off whatever the stopped one wrote after it.
+One pickle holds everything the rest of the run depends on: the engine's state (global model,
+the models that jobs in flight started from, the jobs in flight, the steps so far), the policy
+(for the adaptive scheduler: predictor, risk, convergence feedback, validation, buffers,
+decision log), the virtual clock (its event queue), the jobs on the devices' timelines and the
+fault stream, the fleet (every device's state and random stream) and the registry its
+heartbeats fed — in one object graph, so what they share stays shared. It also records how
+long each log in the run directory was, so a resumed run cuts off whatever the stopped one
+wrote after it.
 
 It is written atomically (temporary file, fsync, rename): a run killed at any instant leaves
-the previous checkpoint or the new one, never a torn one. A run resumed from round r's
-checkpoint repeats exactly what the uninterrupted run did after round r, so both end with the
-same model.npz, byte for byte (tests/sim/test_checkpoint.py). Only the adaptive scheduler's
-strategies write checkpoints; Flower's own strategies run their rounds inside
-`Strategy.start`, which cannot be re-entered.
+the previous checkpoint or the new one, never a torn one. A run resumed from step r's
+checkpoint repeats exactly what the uninterrupted run did after step r, so both end with the
+same model.npz, byte for byte (tests/sim/test_checkpoint.py). Every policy on edgesched's
+engine writes checkpoints; Flower's own strategies run their rounds inside `Strategy.start`,
+which cannot be re-entered.
 
 A checkpoint is a pickle: resume only run directories you trust, as with any pickle.
 """
@@ -24,26 +25,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgesched.core.engine import EngineState
+from edgesched.core.policies import Policy
 from edgesched.errors import ConfigError
 from edgesched.results import read_checkpoint, write_checkpoint
-from edgesched.scheduler import Scheduler
-from edgesched.server.semi_async import LoopState
+from edgesched.simulations.clock import VirtualClock
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.fleet import FleetSpec
 from edgesched.simulations.heartbeats import VirtualTelemetry
 
 FILE = "checkpoint.pkl"
-FORMAT = 2
-RESUMABLE = ("edgesched", "edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish")
+FORMAT = 3
 
 
 @dataclass
 class Checkpoint:
     spec: FleetSpec
     broker: str
-    loop: LoopState
-    scheduler: Scheduler
-    grid: dict[str, Any]  # VirtualGrid.snapshot()
+    state: EngineState
+    policy: Policy
+    clock: VirtualClock
+    transport: dict[str, Any]  # VirtualTransport.snapshot()
     fleet: VirtualFleet
     telemetry: VirtualTelemetry
     logs: dict[str, int]  # run-directory file -> its size at the checkpoint
@@ -60,7 +62,7 @@ def load(run_dir: Path) -> Checkpoint:
     if (run_dir / "summary.json").exists():
         raise ConfigError(f"{run_dir} holds a finished run: nothing to resume")
     if not path.exists():
-        what = "no run directory" if not run_dir.is_dir() else "no checkpoint (only the adaptive scheduler's " \
-            f"strategies write one: {', '.join(RESUMABLE)}; or the run stopped before its first round)"
+        what = "no run directory" if not run_dir.is_dir() else "no checkpoint (Flower's own strategies, fedavg " \
+            "and fedprox, write none; or the run stopped before its first round)"
         raise ConfigError(f"{run_dir}: {what}")
     return read_checkpoint(path, Checkpoint)

@@ -17,24 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 from edgesched import data
 from edgesched.config import RunConfig
+from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.errors import EdgeschedError
 from edgesched.models import model_size
-from edgesched.results import JobRecord, Model, RoundRecord, RunRecorder, prediction_error
+from edgesched.results import RunRecorder, prediction_error
 from edgesched.simulations.progress import RoundProgress
 
 if TYPE_CHECKING:
     from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp import Grid
 
 
 def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     """Run `cfg` (already resolved) and return the summary written to `out_dir`."""
     data.load(cfg.dataset, cfg.data_dir)  # fail fast on missing data, before Ray starts
     recorder = RunRecorder(out_dir, cfg.to_mapping())
-    from edgesched.server.app import make_server_app
-    from edgesched.server.federation import FederationResult
+    from edgesched.flower.run import RunResult, run_on_grid
 
-    results: list[FederationResult] = []
+    results: list[RunResult] = []
     started = time.monotonic()
     with RoundProgress(cfg.rounds) as progress:
 
@@ -42,7 +42,10 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
             recorder.on_round(record, jobs, model)
             progress.on_round(record, jobs)
 
-        run_engine(make_server_app(cfg, on_round, results.append), cfg, num_nodes=cfg.clients or 1)
+        def main(grid: Grid, context: Context) -> None:
+            results.append(run_on_grid(grid, cfg, on_round))
+
+        run_engine(main, cfg, num_nodes=cfg.clients or 1)
     if not results:
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
     extra = {"seconds": round(time.monotonic() - started, 2), "dataset": cfg.dataset, "clients": cfg.clients,
@@ -53,17 +56,16 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     return recorder.finish(results[0].weights, extra)
 
 
-def run_engine(server: ServerApp | Callable[[Grid, Context], None], cfg: RunConfig, num_nodes: int) -> None:
-    """Run a ServerApp (or a ServerApp main function) against `num_nodes` simulated nodes."""
+def run_engine(main: Callable[[Grid, Context], None], cfg: RunConfig, num_nodes: int) -> None:
+    """Run a ServerApp main function against `num_nodes` simulated nodes."""
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
     from edgesched.clients.app import app as client_app
 
     _quiet_engine()  # after importing Flower, which sets its logger's level on import
-    if not isinstance(server, ServerApp):
-        main, server = server, ServerApp()
-        server.main()(main)
+    server = ServerApp()
+    server.main()(main)
     run_simulation(server_app=server, client_app=client_app, num_supernodes=num_nodes,
                    backend_config=_backend_config(cfg))
 

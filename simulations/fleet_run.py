@@ -1,9 +1,9 @@
 """Run a virtual fleet: real training, virtual time, any strategy (simulations/contenders.py).
 
-Flower's synchronous strategies sample from the devices online at the current virtual time
-and wait for each round's replies up to the round timeout in virtual seconds; edgesched's
-semi-asynchronous loop (edgesched.server.semi_async) plans from the registry the devices'
-heartbeats feed, and writes decisions.jsonl and decisions.png.
+Flower's own strategies sample from the devices online at the current virtual time and wait
+for each round's replies up to the round timeout in virtual seconds; the policies on
+edgesched's engine read the registry the devices' heartbeats feed, and the adaptive scheduler
+writes decisions.jsonl and decisions.png.
 
 Either way the global model is evaluated on the held-out test set after every round, and the
 virtual devices' telemetry goes to a registry over the in-process bus, or over a real MQTT
@@ -22,23 +22,26 @@ from pathlib import Path
 from typing import Any
 
 from edgesched import data, partition
+from edgesched.core.engine import Engine, EngineState
+from edgesched.core.records import JobRecord, Model, RoundRecord
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.errors import EdgeschedError
 from edgesched.models import model_size
-from edgesched.registry import DeviceRegistry, RegistryConfig
-from edgesched.results import JobRecord, Model, RoundRecord, RunRecorder, open_log, plot_accuracy
-from edgesched.scheduler import Scheduler
-from edgesched.server.semi_async import LoopState
+from edgesched.results import RunRecorder, open_log, plot_accuracy
 from edgesched.simulations import checkpoint
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.checkpoint import Checkpoint
-from edgesched.simulations.contenders import devices_per_round, run_contender
+from edgesched.simulations.clock import EventLog, VirtualClock
+from edgesched.simulations.contenders import FLOWER, evaluator, make_policy, run_flower, summary_extra
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.engine import run_engine, workers
 from edgesched.simulations.fleet import FleetSpec
-from edgesched.simulations.heartbeats import Bus, InProcessBus, MqttBus, VirtualTelemetry
+from edgesched.simulations.grid_face import FlowerGridFace
+from edgesched.simulations.heartbeats import Bus, InProcessBus, MqttBus, RegistryFleetView, VirtualTelemetry
 from edgesched.simulations.in_process import run_in_process
 from edgesched.simulations.progress import RoundProgress
 from edgesched.simulations.timeline import plot_timeline
+from edgesched.simulations.transport import Executors, VirtualTransport
 
 IN_PROCESS = "in-process"
 
@@ -67,7 +70,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
     else:
         fleet, registry = resume.fleet, resume.telemetry.registry
     with _bus(broker, spec.name) as bus:  # a broker that cannot be reached fails before anything is written
-        recorder = RunRecorder(out_dir, config, resume and resume.logs, resume and resume.loop.history)
+        recorder = RunRecorder(out_dir, config, resume and resume.logs, resume and resume.state.history)
         started = time.monotonic()
         if resume is None:
             telemetry = VirtualTelemetry(fleet, registry, bus)
@@ -76,33 +79,51 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
             telemetry.bus = bus
         events_at = resume.logs["events.jsonl"] if resume else None
         with open_log(out_dir / "events.jsonl", events_at) as events, \
-                RoundProgress(cfg.rounds, done=resume.loop.round if resume else 0) as progress:
+                RoundProgress(cfg.rounds, done=resume.state.step if resume else 0) as progress:
 
             def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
                 recorder.on_round(record, jobs, model)
                 progress.on_round(record, jobs)
 
             def main(grid: Any, context: Any) -> None:
-                from edgesched.simulations.virtual_grid import VirtualGrid
+                weights, evaluate = evaluator(cfg)
+                executors = Executors(grid, workers(cfg))
+                if resume is None:
+                    clock = VirtualClock(fleet, telemetry, EventLog(events))
+                    clock.start()
+                else:
+                    clock = resume.clock
+                    clock.log = EventLog(events)
+                transport = VirtualTransport(fleet, cfg, sizes, clock, executors, list(weights))
+                if resume is not None:
+                    transport.restore(resume.transport)
+                state["transport"] = transport
+                if strategy in FLOWER:
+                    face = FlowerGridFace(transport, grid, cfg.clients_per_round, cfg.seed)
+                    state["weights"], state["extra"] = run_flower(face, cfg, weights, evaluate, on_round), {}
+                    transport.finish()
+                    return
+                policy = resume.policy if resume else make_policy(cfg, fleet, sizes, clock)
+                run = resume.state if resume else EngineState.start(weights)
 
-                vgrid = VirtualGrid(grid, fleet, cfg, sizes, events, devices_per_round(cfg), telemetry, workers(cfg),
-                                    state=resume and resume.grid)
-
-                def save_checkpoint(loop: LoopState, scheduler: Scheduler) -> None:
+                def save_checkpoint(at: EngineState) -> None:
                     begun = time.perf_counter()
                     telemetry.sync()
                     events.flush()
                     logs = {**recorder.offsets(), "events.jsonl": events.tell()}
-                    checkpoint.save(out_dir, Checkpoint(spec, broker, loop, scheduler, vgrid.snapshot(), fleet,
+                    checkpoint.save(out_dir, Checkpoint(spec, broker, at, policy, clock, transport.snapshot(), fleet,
                                                         telemetry, logs))
                     cost["checkpoint_seconds"] += time.perf_counter() - begun
                     cost["checkpoint_bytes"] = (out_dir / checkpoint.FILE).stat().st_size
 
-                saver = save_checkpoint if strategy in checkpoint.RESUMABLE else None
-                state["weights"], state["extra"] = run_contender(vgrid, spec, fleet, telemetry, sizes, on_round,
-                                                                 recorder, saver, resume)
-                vgrid.finish()
-                state["grid"] = vgrid
+                engine_ = Engine(policy, transport, clock, RegistryFleetView(telemetry, sizes), evaluate, on_round,
+                                 lambda: time.monotonic() - started, save_checkpoint)
+                try:
+                    engine_.run(run, cfg.rounds)
+                finally:
+                    recorder.write_decisions(policy.log)
+                state["weights"], state["extra"] = run.weights(), summary_extra(cfg, policy, fleet, sizes)
+                transport.finish()
 
             if engine == "in-process":
                 run_in_process(main, num_nodes=workers(cfg), threads=max(1, int(cfg.client_cpus)))
@@ -116,12 +137,12 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
         "fleet": spec.name, "strategy": strategy,
         "virtual_seconds": recorder.rounds[-1].virtual_seconds if recorder.rounds else 0.0,
         "target_accuracy": spec.target_accuracy, "time_to_target_s": reached,
-        "device_seconds": round(state["grid"].device_seconds, 3),
-        "bytes_down": state["grid"].bytes_down, "bytes_up": state["grid"].bytes_up,
+        "device_seconds": round(state["transport"].device_seconds, 3),
+        "bytes_down": state["transport"].bytes_down, "bytes_up": state["transport"].bytes_up,
         "telemetry_dropped": dict(registry.dropped), **state.get("extra", {}), **size,
-        **({"resumed_after_round": resume.loop.round} if resume else {}),
+        **({"resumed_after_round": resume.state.step} if resume else {}),
         **({"checkpoint_seconds": round(cost["checkpoint_seconds"], 3),
-            "last_checkpoint_bytes": cost["checkpoint_bytes"]} if strategy in checkpoint.RESUMABLE else {}),
+            "last_checkpoint_bytes": cost["checkpoint_bytes"]} if strategy not in FLOWER else {}),
     })
     (out_dir / checkpoint.FILE).unlink(missing_ok=True)  # the run is complete: summary.json says so
     plot_accuracy(recorder.rounds, out_dir / "accuracy_vs_time.png", virtual_time=True)

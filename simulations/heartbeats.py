@@ -21,12 +21,12 @@ from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 
+from edgesched.core.fleet import DeviceView, device_view
+from edgesched.core.registry import DeviceRegistry
+from edgesched.core.telemetry import Capabilities, Heartbeat, Status, subscription, topic
 from edgesched.errors import EdgeschedError
 from edgesched.mqtt import BrokerURL, make_client
-from edgesched.registry import DeviceRegistry
-from edgesched.scheduler import DeviceView, device_view
 from edgesched.simulations.devices import VirtualDevice, VirtualFleet
-from edgesched.telemetry import Capabilities, Heartbeat, Status, subscription, topic
 
 NET_TYPES = {"ethernet": "ethernet", "wifi": "wifi", "mobile": "cellular"}
 DELIVERY_TIMEOUT_S = 30.0

@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
-from edgesched.predict import Prediction, Predictor
-from edgesched.risk import DropoutModel, RiskConfig
+from edgesched.core.predict import Prediction, Predictor
+from edgesched.core.risk import DropoutModel, RiskConfig
+from edgesched.core.telemetry import Heartbeat
 from edgesched.simulations.devices import Job, VirtualFleet
-from edgesched.telemetry import Heartbeat
 
 
 class Foresight:

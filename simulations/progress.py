@@ -7,7 +7,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from edgesched.results import JobRecord, RoundRecord
+from edgesched.core.records import JobRecord, RoundRecord
 
 
 class RoundProgress:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from edgesched.telemetry import Heartbeat, Status, topic
+from edgesched.core.telemetry import Heartbeat, Status, topic
 
 NOW = 1_800_000_000.0
 

@@ -8,8 +8,8 @@ import pytest
 from edgesched.broker import free_port
 from edgesched.clients import probes
 from edgesched.clients.agent import Agent, AgentConfig
+from edgesched.core.telemetry import Heartbeat
 from edgesched.mqtt import BrokerURL
-from edgesched.telemetry import Heartbeat
 
 
 def test_the_agent_imports_neither_torch_nor_flower_nor_numpy():

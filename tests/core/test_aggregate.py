@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from edgesched.aggregate import weighted_average
+from edgesched.core.aggregate import weighted_average
 
 
 def test_weighted_average_matches_hand_computation():

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from edgesched.registry import DeviceRegistry, RegistryConfig
-from edgesched.telemetry import Heartbeat, TelemetryError
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
+from edgesched.core.telemetry import Heartbeat, TelemetryError
 
 from .heartbeats import NOW, hb_topic, heartbeat, heartbeat_dict, status
 

@@ -5,8 +5,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgesched.registry import DeviceRegistry, RegistryConfig
-from edgesched.telemetry import Heartbeat
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
+from edgesched.core.telemetry import Heartbeat
 
 from .heartbeats import NOW, hb_topic, heartbeat, heartbeat_dict
 

@@ -7,13 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from edgesched.aggregate import Update, fednova, momentum_steps
-from edgesched.feedback import ConvergenceMonitor, Knobs
-from edgesched.plan import Candidates, PlanConfig, choose_deadline, plan_round
-from edgesched.predict import TRAIN_OVER_INFER, Predictor, PredictorConfig
-from edgesched.registry import DeviceState
-from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig, device_view
-from edgesched.telemetry import Capabilities, Heartbeat
+from edgesched.core.aggregate import Update, fednova, momentum_steps
+from edgesched.core.decisions import Arrived
+from edgesched.core.engine import Job
+from edgesched.core.feedback import ConvergenceMonitor, Knobs
+from edgesched.core.fleet import DeviceView, device_view
+from edgesched.core.plan import Assignment, Candidates, PlanConfig, choose_deadline, plan_round
+from edgesched.core.predict import TRAIN_OVER_INFER, Predictor, PredictorConfig
+from edgesched.core.registry import DeviceState
+from edgesched.core.scheduler import Scheduler, SchedulerConfig
+from edgesched.core.telemetry import Capabilities, Heartbeat
 
 
 def candidates(sps: list[float], transfer: list[float], samples: int = 600, **over: object) -> Candidates:
@@ -91,6 +94,11 @@ def test_gateway_traffic_budget_limits_the_round():
     assert len(plan.assignments) == 5 and set(plan.skipped.values()) == {"capacity"}
 
 
+def sent(s: Scheduler, a: Assignment, job_id: str, now: float = 0.0) -> Job:
+    """The job the engine keeps for a planned assignment it sent."""
+    return Job(job_id, a.device, s.round, None, now, s.dispatched(a, None))
+
+
 def scheduler(k: int = 2, **plan: object) -> Scheduler:
     predictor = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002})
     return Scheduler(SchedulerConfig(PlanConfig(target_updates=k, **plan)), predictor)
@@ -125,23 +133,23 @@ def test_update_older_than_its_bound_is_refused_and_within_it_counts():
     views = [DeviceView("a", 600, None, "pi"), DeviceView("b", 600, None, "pi")]
     a, b = s.plan(1, 0.0, views)
     assert a.staleness_bound == b.staleness_bound == 1
-    s.dispatched("ja", a, 0.0, None, "pi")
-    s.dispatched("jb", b, 0.0, None, "pi")
+    ja, jb = sent(s, a, "ja"), sent(s, b, "jb")
     base, trained = [np.zeros(3, dtype=np.float32)], [np.ones(3, dtype=np.float32)]
     s.plan(2, 10.0, [])  # round 2 begins: both jobs are now one round stale
-    assert s.arrived("ja", 10.0, trained, base, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
+    assert s.arrived(ja, 10.0, trained, base, steps=5, samples=160, data_size=600, compute_s=0.3,
+                     loss=1.0) == "counted"
     s.plan(3, 20.0, [])
-    assert not s.arrived("jb", 20.0, trained, base, steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
-    outcomes = [e["outcome"] for e in s.log if e["kind"] == "outcome"]
+    assert s.arrived(jb, 20.0, trained, base, steps=5, samples=160, data_size=600, compute_s=0.3,
+                     loss=1.0) == "ignored"
+    outcomes = [e.outcome for e in s.log if isinstance(e, Arrived)]
     assert outcomes == ["counted", "too_stale"]
 
 
 def test_non_finite_update_is_refused():
     s = scheduler(k=1)
     (a,) = s.plan(1, 0.0, [DeviceView("a", 600, None, "pi")])
-    s.dispatched("j", a, 0.0, None, "pi")
-    assert not s.arrived("j", 1.0, [np.array([np.nan])], [np.zeros(1)], steps=1, samples=32, data_size=600,
-                         compute_s=0.1, loss=1.0)
+    assert s.arrived(sent(s, a, "j"), 1.0, [np.array([np.nan])], [np.zeros(1)], steps=1, samples=32,
+                     data_size=600, compute_s=0.1, loss=1.0) == "refused"
     assert s.close_round([np.zeros(1)], 1.0)[1] == 0
 
 
@@ -280,8 +288,7 @@ def test_one_job_far_off_its_prior_does_not_make_every_device_too_slow():
     views = [DeviceView(f"d{i}", 600, None, "pi") for i in range(3)]
     s.start_round(1)
     for a in s.plan(1, 0.0, views):
-        s.dispatched(a.device, a, 0.0, None, "pi")
-        s.arrived(a.device, 25.0, [np.zeros(1, np.float32)], [np.zeros(1, np.float32)], steps=a.steps,
+        s.arrived(sent(s, a, a.device), 25.0, [np.zeros(1, np.float32)], [np.zeros(1, np.float32)], steps=a.steps,
                   samples=a.samples, data_size=600, compute_s=0.4, loss=1.0)
     s.close_round([np.zeros(1, np.float32)], 25.0)
     s.start_round(2)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgesched.aggregate import Update, fednova, momentum_steps
-from edgesched.plan import PlanConfig
-from edgesched.predict import Predictor
-from edgesched.scheduler import DeviceView, Scheduler, SchedulerConfig
-from edgesched.validate import GuardConfig, UpdateGuard
+from edgesched.core.aggregate import Update, fednova, momentum_steps
+from edgesched.core.decisions import Quarantined, Skipped
+from edgesched.core.engine import Job
+from edgesched.core.fleet import DeviceView
+from edgesched.core.plan import PlanConfig
+from edgesched.core.predict import Predictor
+from edgesched.core.scheduler import Scheduler, SchedulerConfig
+from edgesched.core.validate import GuardConfig, UpdateGuard
 
 BASE = [np.zeros((4, 3), dtype=np.float32), np.zeros(3, dtype=np.float32)]
 
@@ -92,18 +95,17 @@ def test_the_scheduler_gives_no_work_to_a_quarantined_device_and_never_aggregate
     for rnd in range(1, 4):
         s.start_round(rnd)
         for a in s.plan(rnd, now, views):
-            s.dispatched(f"{rnd}-{a.device}", a, now, None, "pi")
+            job = Job(f"{rnd}-{a.device}", a.device, rnd, None, now, s.dispatched(a, None))
             weights = trained(seed=rnd) if a.device == "good" else [np.full_like(b, np.inf) for b in BASE]
-            s.arrived(f"{rnd}-{a.device}", now + 1, weights, BASE, steps=a.steps, samples=a.samples, data_size=600,
+            s.arrived(job, now + 1, weights, BASE, steps=a.steps, samples=a.samples, data_size=600,
                       compute_s=0.5, loss=1.0)
         new, used = s.close_round(BASE, now + 1)
         assert used == 1 and all(np.all(np.isfinite(w)) for w in new)
         now += 10
-    assert [e["device"] for e in s.log if e["kind"] == "quarantine"] == ["bad"]
+    assert [e.device for e in s.log if isinstance(e, Quarantined)] == ["bad"]
     s.start_round(4)
     assert [a.device for a in s.plan(4, now, views)] == ["good"]
-    assert {"device": "bad", "reason": "quarantined"}.items() <= next(
-        e for e in s.log if e["kind"] == "plan" and e["round"] == 4 and not e["selected"]).items()
+    assert Skipped(now, 4, "bad", "quarantined") in s.log
     assert s.guard.refused == {"not_finite": 3}
 
 

@@ -14,8 +14,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.mqtt import BrokerURL, RegistryListener
-from edgesched.registry import DeviceRegistry, RegistryConfig
 
 from ..mqtt.brokers import DEPLOY as MOSQUITTO_CONF
 from ..mqtt.brokers import MOSQUITTO, Mosquitto

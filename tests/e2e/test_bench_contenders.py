@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
+from benchmarks.contenders import accuracy_at, collect, merge, row, table, write_docs
 from edgesched.config import STRATEGIES
-from edgesched.simulations.bench_contenders import accuracy_at, collect, merge, row, table, write_docs
 
 
 def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-    done = subprocess.run([sys.executable, "-m", "edgesched.simulations.bench_contenders", "--quick", "--jobs", "2",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.contenders", "--quick", "--jobs", "2",
                            "--engine", "in-process",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -56,7 +56,7 @@ def test_edgesched_gives_the_same_bytes_over_the_embedded_broker(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "edgesched"])
-@pytest.mark.parametrize("fleet", ["campus-100", "phones-1000"])  # lab-20: bench_contenders --quick runs all
+@pytest.mark.parametrize("fleet", ["campus-100", "phones-1000"])  # lab-20: benchmarks.contenders --quick runs all
 def test_every_strategy_runs_on_every_shipped_fleet(tmp_path, fleet, strategy):
     # In-process: Ray would add its start-up, and the engine changes no byte (tested above).
     summary = _simulate(tmp_path, "--fleet", fleet, "--rounds", "1", "--strategy", strategy, "--engine", "in-process")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.mqtt import BrokerURL, RegistryListener
-from edgesched.registry import DeviceRegistry, RegistryConfig
 
 from .brokers import MOSQUITTO, Embedded, Mosquitto
 

@@ -10,7 +10,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgesched.telemetry import job_report_path, topic, write_job_report
+from edgesched.clients.job_report import job_report_path, write_job_report
+from edgesched.core.telemetry import topic
 
 from ..core.heartbeats import heartbeat
 from .brokers import make_test_ca, password_file, shipped_config

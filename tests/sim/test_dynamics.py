@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from edgesched.registry import DeviceRegistry, RegistryConfig
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.devices import REJOIN_S, VirtualFleet, diurnal
 from edgesched.simulations.fleet import load_fleet

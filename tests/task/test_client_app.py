@@ -11,7 +11,7 @@ from flwr.app.message.message import make_message
 
 from edgesched.clients.app import app
 from edgesched.config import RunConfig
-from edgesched.jobs import job_config
+from edgesched.flower.messages import job_config
 from edgesched.models import build_model
 
 PI = {"device-id": "pi4-lab-07"}

@@ -16,11 +16,14 @@ from flwr.app import Array
 from flwr.supercore.task_identity import TaskIdentity
 
 from edgesched.config import RunConfig
+from edgesched.core.decisions import Lost, Quarantined, RoundPlanned, Selected, Skipped
+from edgesched.core.registry import DeviceRegistry, RegistryConfig
+from edgesched.core.telemetry import Status, topic
 from edgesched.errors import ConfigError
-from edgesched.registry import DeviceRegistry, RegistryConfig
-from edgesched.server.federation import run_federation
-from edgesched.server.gateway import CHECKPOINT, FleetMemory, GatewayFleet, run_adaptive
-from edgesched.telemetry import Status, topic
+from edgesched.flower.nodes import FleetMemory, FlowerFleet
+from edgesched.flower.run import run_on_grid
+from edgesched.server.app import run_gateway
+from edgesched.server.checkpoint import CHECKPOINT
 
 from ..grids import LocalGrid
 
@@ -28,7 +31,7 @@ NODES = {101: "pi4-a", 202: "pi5-b", 303: "jetson-c"}
 
 
 class RecordingTelemetry:
-    """What run_federation needs of a RegistryListener: link_node, over a real registry."""
+    """What a run needs of a RegistryListener (link_node, snapshot, history), over a real registry."""
 
     def __init__(self, alive: list[str] | None = None) -> None:
         self.registry = DeviceRegistry(RegistryConfig())
@@ -66,12 +69,15 @@ def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path):
     cfg = RunConfig(dataset="digits", clients=3, rounds=2, local_epochs=3, lr=0.05).resolved()
     grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
-    result = run_federation(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
+    result = run_on_grid(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
 
-    assert len(grid.sent) == 6
-    first_round = [m.content["config"] for m in grid.sent[:3]]
+    # Each node is first asked which device it is (so its Last Will can end its jobs), then trained.
+    assert [m.metadata.message_type for m in grid.sent[:3]] == ["query"] * 3
+    jobs = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(jobs) == 6
+    first_round = [m.content["config"] for m in jobs[:3]]
     assert sorted(int(c["partition-id"]) for c in first_round) == [0, 1, 2]  # a different job per node
-    assert {m.metadata.dst_node_id for m in grid.sent[:3]} == set(NODES)
+    assert {m.metadata.dst_node_id for m in jobs[:3]} == set(NODES)
 
     snapshot = telemetry.registry.snapshot(time.time())
     assert {d: snapshot.devices[d].node_id for d in NODES.values()} == {v: k for k, v in NODES.items()}
@@ -87,16 +93,16 @@ def test_the_adaptive_scheduler_runs_over_flower_push_and_pull():
     cfg = adaptive(rounds=4, max_epochs=5)
     grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
-    result = run_adaptive(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
+    result = run_on_grid(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
 
     assert [r.round for r, _ in rounds] == [1, 2, 3, 4]
     assert all(r.replied >= 1 for r, _ in rounds) and rounds[-1][0].accuracy > 0.5
     configs = [m.content["config"] for m in grid.sent if m.metadata.message_type == "train"]
     assert all(int(c["max-steps"]) >= 1 and int(c["local-epochs"]) >= 1 for c in configs)  # the plan's work
-    plans = [e for e in result.decisions if e["kind"] == "plan" and e["selected"]]
-    assert {e["device"] for e in plans} <= {f"node-{n}" for n in NODES}
-    outcomes = [e for e in result.decisions if e["kind"] == "outcome"]
-    assert outcomes and all(e["outcome"] == "counted" for e in outcomes)
+    plans = [e for e in result.decisions if isinstance(e, Selected)]
+    assert {e.device for e in plans} <= {f"node-{n}" for n in NODES}
+    outcomes = [e.to_dict()["outcome"] for e in result.decisions if e.KIND == "outcome"]
+    assert outcomes and all(outcome == "counted" for outcome in outcomes)
     # Replies named their devices: the registry now joins each device to its Flower node.
     snapshot = telemetry.registry.snapshot(time.time())
     assert {d: snapshot.devices[d].node_id for d in NODES.values()} == {v: k for k, v in NODES.items()}
@@ -105,7 +111,7 @@ def test_the_adaptive_scheduler_runs_over_flower_push_and_pull():
 def test_every_node_is_asked_its_device_before_its_first_job():
     """Its Last Will can end a job only if the gateway knows which node the device is."""
     grid, telemetry = LocalGrid(NODE_CONFIGS), RecordingTelemetry()
-    fleet = GatewayFleet(grid, telemetry, sizes=[10, 10, 10])
+    fleet = FlowerFleet(grid, telemetry, sizes=[10, 10, 10])
     assert fleet.nodes() == sorted(NODES)
     assert [m.metadata.message_type for m in grid.sent] == ["query"] * 3
     fleet.nodes()  # the answers are taken in
@@ -126,9 +132,9 @@ class RefusingGrid(LocalGrid):
 
 def test_a_message_flower_refuses_is_a_lost_job_not_a_crash():
     rounds = []
-    result = run_adaptive(RefusingGrid(NODE_CONFIGS), adaptive(rounds=2), lambda record, *_: rounds.append(record))
-    refused = [e for e in result.decisions if e["kind"] == "outcome" and e["outcome"] == "lost"]
-    assert refused and all(e["device"] == "node-303" and "refused" in e["reason"] for e in refused)
+    result = run_on_grid(RefusingGrid(NODE_CONFIGS), adaptive(rounds=2), lambda record, *_: rounds.append(record))
+    refused = [e for e in result.decisions if isinstance(e, Lost)]
+    assert refused and all(e.device == "node-303" and "refused" in e.reason for e in refused)
     assert [r.round for r in rounds] == [1, 2] and all(r.replied == 2 and r.failed == 1 for r in rounds)
 
 
@@ -154,13 +160,14 @@ class TamperingGrid(LocalGrid):
 
 def test_bad_replies_are_refused_counted_and_their_device_quarantined():
     rounds = []
-    result = run_adaptive(TamperingGrid(NODE_CONFIGS), adaptive(rounds=5), lambda record, *_: rounds.append(record))
+    result = run_on_grid(TamperingGrid(NODE_CONFIGS), adaptive(rounds=5), lambda record, *_: rounds.append(record))
 
-    refused = [e["reason"] for e in result.decisions if e["kind"] == "outcome" and e["device"] == "node-303"]
+    refused = [e.reason for e in result.decisions if isinstance(e, Lost) and e.device == "node-303"]
     assert refused == ["refused: bad_metrics", "refused: not_finite", "refused: oversized"]
-    assert [e["device"] for e in result.decisions if e["kind"] == "quarantine"] == ["node-303"]
-    later = [e for e in result.decisions if e["kind"] == "plan" and e["round"] > 3 and e["device"] == "node-303"]
-    assert later and all(e["reason"] == "quarantined" for e in later)
+    assert [e.device for e in result.decisions if isinstance(e, Quarantined)] == ["node-303"]
+    later = [e for e in result.decisions if isinstance(e, Selected | Skipped) and e.round > 3
+             and e.device == "node-303"]
+    assert later and all(isinstance(e, Skipped) and e.reason == "quarantined" for e in later)
     assert [r.round for r in rounds] == [1, 2, 3, 4, 5] and rounds[-1].accuracy > 0.5
 
 
@@ -176,14 +183,14 @@ def cut_at_round_3(record, jobs, model):
 def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
     cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))  # made when first needed
     with pytest.raises(PowerCut):
-        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
+        run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
     with pytest.raises(ConfigError, match="holds a checkpoint of another run"):
-        run_adaptive(LocalGrid(NODE_CONFIGS), dataclasses.replace(cfg, lr=0.1), cut_at_round_3)
+        run_gateway(LocalGrid(NODE_CONFIGS), dataclasses.replace(cfg, lr=0.1), cut_at_round_3)
     rounds = []
-    result = run_adaptive(LocalGrid(NODE_CONFIGS), cfg, lambda record, *_: rounds.append(record))
+    result = run_gateway(LocalGrid(NODE_CONFIGS), cfg, lambda record, *_: rounds.append(record))
     assert [r.round for r in rounds] == [3, 4]  # round 2's checkpoint was the last one written
-    assert max(e["round"] for e in result.decisions if e["kind"] == "round") == 4
-    assert [e["round"] for e in result.decisions if e["kind"] == "round"][:2] == [1, 2]  # the log goes on
+    assert max(e.round for e in result.decisions if isinstance(e, RoundPlanned)) == 4
+    assert [e.round for e in result.decisions if isinstance(e, RoundPlanned)][:2] == [1, 2]  # the log goes on
     assert rounds[-1].accuracy > 0.5
     assert not (tmp_path / "checkpoints" / "gateway-checkpoint.pkl").exists()
 
@@ -193,7 +200,7 @@ def test_a_gateway_checkpoint_of_another_format_is_a_clear_error(tmp_path, forma
     """A gateway upgraded mid-run must not go on from classes pickled by another version."""
     cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path))
     with pytest.raises(PowerCut):
-        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
+        run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
     path = tmp_path / CHECKPOINT
     saved = pickle.loads(path.read_bytes())
     if format_field == "older":
@@ -202,7 +209,7 @@ def test_a_gateway_checkpoint_of_another_format_is_a_clear_error(tmp_path, forma
         del saved.__dict__["format"]
     path.write_bytes(pickle.dumps(saved))
     with pytest.raises(ConfigError, match="written by another version of edgesched"):
-        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
+        run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
 
 
 class DeadNodeGrid(LocalGrid):
@@ -224,15 +231,15 @@ def test_a_restarted_gateway_knows_the_node_of_a_board_that_died_meanwhile(tmp_p
     Its Last Will, if the broker kept it, says it is offline; if not, it is never heard again."""
     cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))
     with pytest.raises(PowerCut):
-        run_adaptive(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3, RecordingTelemetry())
+        run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3, RecordingTelemetry())
     telemetry = RecordingTelemetry(alive=["pi4-a", "pi5-b"])  # the restarted gateway's registry
     if will == "retained":
         telemetry.registry.ingest(topic("default", "jetson-c", "status"),
                                   Status("jetson-c", "offline", 1).to_json(), time.time())
     grid, rounds = DeadNodeGrid(NODE_CONFIGS), []
-    result = run_adaptive(grid, cfg, lambda record, *_: rounds.append(record), telemetry)
+    result = run_gateway(grid, cfg, lambda record, *_: rounds.append(record), telemetry)
     assert [r.round for r in rounds] == [3, 4]
-    planned = [e["device"] for e in result.decisions if e["kind"] == "plan" and e.get("selected") and e["round"] >= 3]
+    planned = [e.device for e in result.decisions if isinstance(e, Selected) and e.round >= 3]
     assert planned and "node-303" not in planned
     assert 303 not in {m.metadata.dst_node_id for m in grid.sent}  # neither a job nor a query it cannot answer
 
@@ -240,7 +247,7 @@ def test_a_restarted_gateway_knows_the_node_of_a_board_that_died_meanwhile(tmp_p
 def test_a_device_heard_before_a_restart_but_not_since_is_not_planned_and_is_named_in_the_log(caplog):
     telemetry = RecordingTelemetry(alive=["pi4-a", "pi5-b"])
     memory = FleetMemory(partitions={101: 0, 202: 1, 303: 2}, devices=dict(NODES), heard=set(NODES.values()))
-    fleet = GatewayFleet(LocalGrid(NODE_CONFIGS), telemetry, sizes=[10, 10, 10], memory=memory)
+    fleet = FlowerFleet(LocalGrid(NODE_CONFIGS), telemetry, sizes=[10, 10, 10], memory=memory)
     now = time.time()
     assert [v.device for v in fleet.views(now)] == ["node-101", "node-202"]
     assert "jetson-c" not in caplog.text  # a live agent is heard within a heartbeat: no alarm yet
@@ -251,7 +258,7 @@ def test_a_device_heard_before_a_restart_but_not_since_is_not_planned_and_is_nam
 
 def test_a_node_whose_device_has_no_agent_is_planned_on_its_prior():
     """Flower's simulation, or boards run without agents: nothing is ever heard of them."""
-    fleet = GatewayFleet(LocalGrid(NODE_CONFIGS), RecordingTelemetry(alive=[]), sizes=[10, 10, 10])
+    fleet = FlowerFleet(LocalGrid(NODE_CONFIGS), RecordingTelemetry(alive=[]), sizes=[10, 10, 10])
     fleet.nodes()  # asked, answered, joined to their device ids
     assert fleet.memory.devices == NODES
     assert [v.device for v in fleet.views(time.time())] == [f"node-{n}" for n in NODES]

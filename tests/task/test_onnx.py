@@ -17,7 +17,7 @@ from edgesched import data
 from edgesched.clients.app import app
 from edgesched.config import RunConfig
 from edgesched.export import evaluate_onnx, to_onnx
-from edgesched.jobs import job_config
+from edgesched.flower.messages import job_config
 from edgesched.models import build_model
 from edgesched.training import evaluate, train
 

@@ -1,0 +1,295 @@
+"""Benchmark: every strategy on the same virtual fleets, data, seeds and dropout levels.
+
+Each run is a separate `edgesched simulate --fleet ...` process (on Ray, it starts clean each
+time; `--engine in-process` trains without Ray, with the same results) writing its own run
+directory; a run whose summary.json exists is not repeated, so an interrupted benchmark picks
+up where it stopped. The table gives, per fleet and dropout
+level, each contender's virtual time to two targets — the fleet's target accuracy and one
+5 points below it that every contender can reach — as mean ± standard deviation over the
+seeds that reached it, its speed-up over `fedavg` and its time relative to `oracle`; final
+accuracy after the fleet's rounds, and accuracy at equal virtual time (when the seed's first run
+ended: contenders whose rounds are short take more server steps in the same time); the clients
+whose data reached the model; compute (device-seconds, the energy proxy), traffic and rounds.
+
+Run folders are scratch; `--docs` keeps what the table needs. It merges every finished run under
+`--out` into docs/contenders-runs.jsonl (one line per fleet, dropout, contender and seed: the
+figures, the accuracy curve and the commit that ran it; a rerun replaces its line), and draws the
+table and plots from that file. So the table grows across machines and sessions, and each of its
+lines can be traced to the code that produced it.
+
+    python -m benchmarks.contenders --quick --engine in-process   # CI: the harness
+    python -m benchmarks.contenders --docs           # the full table into docs/
+    python -m benchmarks.contenders --fleets hapt-30 --data-dir DIR   # HAPT by user
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from statistics import mean, pstdev
+from typing import Any
+
+from edgesched.config import ENGINES, STRATEGIES
+
+CONTENDERS = STRATEGIES
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+RUNS_FILE = DOCS / "contenders-runs.jsonl"
+KEY = ("fleet", "dropout", "strategy", "seed")
+START, END = "<!-- contenders:start -->", "<!-- contenders:end -->"
+# The fleet's target_accuracy is a stretch that slow baselines may never reach in their rounds;
+# a second target this far below it gives every contender a time, so ratios are not bounds.
+EASIER = 0.05
+
+
+def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
+            data_dir: Path | None = None, engine: str = "ray", commit: str = "unknown") -> dict[str, Any]:
+    """Run one simulation unless `out` holds a finished one; `commit` names the code it runs with."""
+    summary = out / "summary.json"
+    if not summary.exists():
+        cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
+               "--seed", str(seed), "--dropout", str(dropout), "--out", str(out), "--engine", engine]
+        if rounds is not None:
+            cmd += ["--rounds", str(rounds)]
+        if data_dir is not None:
+            cmd += ["--data-dir", str(data_dir)]
+        env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"benchmarks.contenders: {' '.join(cmd[2:])} failed: {tail}")
+        (out / "commit.txt").write_text(commit + "\n")
+    return json.loads(summary.read_text())
+
+
+def code_version() -> str:
+    """The commit of the code that runs the simulations (`-dirty` with uncommitted changes), read
+    once when the benchmark starts: a commit made while it runs does not relabel its runs."""
+    done = subprocess.run(["git", "-C", str(DOCS.parent), "describe", "--always", "--dirty", "--abbrev=7"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: str,
+               seed: int) -> tuple[dict[str, Any], float]:
+    started = time.monotonic()
+    out = _run_dir(args.out, fleet, dropout, strategy, seed)
+    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir, args.engine, args.commit)
+    return row(fleet, dropout, strategy, seed, summary, out), time.monotonic() - started
+
+
+def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any], out: Path) -> dict[str, Any]:
+    """One run's figures, with its virtual time to each of the table's targets (from rounds.csv)."""
+    keys = ("final_accuracy", "best_accuracy", "virtual_seconds", "device_seconds", "bytes_up", "bytes_down",
+            "rounds", "seconds", "target_accuracy", "clients_trained")
+    with (out / "rounds.csv").open() as f:
+        curve = [(float(r["virtual_seconds"]), float(r["accuracy"])) for r in csv.DictReader(f)]
+    reached = {_key(t): next((vs for vs, acc in curve if acc >= t), None) for t in targets(s["target_accuracy"])}
+    return {"fleet": fleet, "dropout": dropout, "strategy": strategy, "seed": seed, "reached": reached,
+            "curve": curve, **{k: s.get(k) for k in keys}}
+
+
+def accuracy_at(curve: list[tuple[float, float]], virtual_s: float) -> float | None:
+    """The global model's test accuracy at a virtual moment: its last round finished by then."""
+    done = [acc for vs, acc in curve if vs <= virtual_s]
+    return done[-1] if done else None
+
+
+def _first_end(group: list[dict[str, Any]], seed: int) -> float:
+    """When the first contender on this seed finished its rounds: the moment all are compared at."""
+    return min(r["virtual_seconds"] for r in group if r["seed"] == seed)
+
+
+def targets(fleet_target: float) -> tuple[float, float]:
+    """The table's targets: one every contender can reach, `EASIER` below the fleet's, and the fleet's."""
+    return round(fleet_target - EASIER, 4), fleet_target
+
+
+def _key(target: float) -> str:
+    return f"{target:.4f}"
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    return f"{mean(values):{fmt}} ± {pstdev(values):{fmt}}" if len(values) > 1 else f"{values[0]:{fmt}}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one table per (fleet, dropout), one line per contender, both targets side by side."""
+    out = []
+    for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
+        group = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
+        seeds = sorted({r["seed"] for r in group})
+        goals = targets(group[0]["target_accuracy"])
+        head = " | ".join(f"virtual s to {t:.0%} | reached | speed-up over fedavg | time vs oracle" for t in goals)
+        ends = [_first_end(group, seed) for seed in seeds]
+        commits = sorted({r.get("commit", "unknown") for r in group})
+        out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seed{'s' * (len(seeds) > 1)}: "
+                f"{', '.join(map(str, seeds))})", "", f"Commit: {', '.join(commits)}.", "",
+                f"Equal time: the accuracy each contender had when the first run of the seed ended "
+                f"({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
+                f"| contender | {head} | final accuracy | accuracy at equal time | clients trained | device-s "
+                f"| GB moved | rounds | real s |",
+                "|---" * 16 + "|"]
+        for strategy in CONTENDERS:
+            runs = [r for r in group if r["strategy"] == strategy]
+            if not runs:
+                continue
+            cells = " | ".join(_reach_cells(group, runs, strategy, _key(t)) for t in goals)
+            acc = _spread([100 * r["final_accuracy"] for r in runs], ".2f")
+            gb = mean((r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in runs) / 1e9
+            at_end = [accuracy_at(r["curve"], _first_end(group, r["seed"])) for r in runs]
+            equal = _spread([100 * a for a in at_end], ".2f") + " %" if None not in at_end else "—"
+            trained = mean(r["clients_trained"] for r in runs)
+            out.append(f"| {strategy} | {cells} | {acc} % | {equal} | {trained:.0f} "
+                       f"| {mean(r['device_seconds'] for r in runs):,.0f} | {gb:.2f} "
+                       f"| {mean(r['rounds'] for r in runs):.0f} | {mean(r['seconds'] for r in runs):.0f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _reach_cells(group: list[dict[str, Any]], runs: list[dict[str, Any]], strategy: str, key: str) -> str:
+    """Time to one target (mean ± sd of the seeds that reached it), seeds reached, and the two ratios."""
+    reached = [r["reached"][key] for r in runs if r["reached"][key] is not None]
+    time_s = _spread(reached, ".0f") if reached else "not reached"
+    mine, base, oracle = (_mean_ttt(group, s, key) for s in (strategy, "fedavg", "oracle"))
+    vs_oracle = f"{mine / oracle:.2f}" if mine and oracle else "—"
+    return f"{time_s} | {len(reached)}/{len(runs)} | {_ratio(base, mine, group, 'fedavg')} | {vs_oracle}"
+
+
+def _mean_ttt(group: list[dict[str, Any]], strategy: str, key: str) -> float | None:
+    """Mean time to a target, only if every seed reached it."""
+    times = [r["reached"][key] for r in group if r["strategy"] == strategy]
+    return mean(times) if times and None not in times else None
+
+
+def _ratio(base: float | None, mine: float | None, group: list[dict[str, Any]], base_name: str) -> str:
+    if mine is None:
+        return "—"
+    if base is not None:
+        return f"{base / mine:.2f}"
+    # The baseline never got there: its whole run is a lower bound on its time to target.
+    floor = min((r["virtual_seconds"] for r in group if r["strategy"] == base_name), default=None)
+    return f"> {floor / mine:.1f}" if floor else "—"
+
+
+def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
+    """Accuracy against virtual time per contender, first seed, one figure per (fleet, dropout)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
+        group = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
+        seed = min(r["seed"] for r in group)
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for strategy in CONTENDERS:
+            for run in group:
+                if run["strategy"] == strategy and run["seed"] == seed:
+                    ax.plot([vs for vs, _ in run["curve"]], [100 * acc for _, acc in run["curve"]], marker=".",
+                            label=strategy, linestyle="--" if "-no-" in strategy else "-")
+        for target in targets(group[0]["target_accuracy"]):
+            ax.axhline(100 * target, color="grey", linewidth=0.8)
+        ax.set(xscale="log", xlabel="virtual seconds (log)", ylabel="test accuracy (%)",
+               title=f"{fleet}, {dropout:.0%} dropout, seed {seed}")
+        ax.legend(fontsize=7, ncol=2)
+        out = docs / f"contenders-{fleet}-dropout{round(100 * dropout)}.png"
+        fig.tight_layout()
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        paths.append(out)
+    return paths
+
+
+def _run_dir(runs_dir: Path, fleet: str, dropout: float, strategy: str, seed: int) -> Path:
+    return runs_dir / fleet / f"dropout{round(100 * dropout)}" / strategy / f"seed{seed}"
+
+
+def collect(runs_dir: Path) -> list[dict[str, Any]]:
+    """The rows of every finished run under `runs_dir` (FLEET/dropoutN/STRATEGY/seedK), each with
+    the commit that ran it."""
+    rows = []
+    for summary in sorted(runs_dir.glob("*/dropout*/*/seed*/summary.json")):
+        out = summary.parent
+        fleet, dropout, strategy = out.parts[-4], int(out.parts[-3].removeprefix("dropout")) / 100, out.parts[-2]
+        if strategy in CONTENDERS:
+            commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").exists() else "unknown"
+            rows.append({**row(fleet, dropout, strategy, int(out.name.removeprefix("seed")),
+                               json.loads(summary.read_text()), out), "commit": commit})
+    return rows
+
+
+def merge(runs_file: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add `rows` to the kept runs in `runs_file` (a rerun replaces the line with its key) and
+    return them all, sorted by key."""
+    kept = [json.loads(line) for line in runs_file.read_text().splitlines()] if runs_file.exists() else []
+    by_key = {tuple(r[k] for k in KEY): r for r in [*kept, *rows]}
+    merged = [by_key[k] for k in sorted(by_key)]
+    runs_file.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in merged))
+    return merged
+
+
+def write_docs(text: str, doc: Path) -> None:
+    """Replace the generated section of docs/benchmarks.md (between its markers)."""
+    body = doc.read_text()
+    if START not in body:
+        raise SystemExit(f"benchmarks.contenders: {doc} has no {START} marker to write between")
+    head, rest = body.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    doc.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="lab-20, 30 %% dropout, seed 0, 1 round, every contender: the harness")
+    parser.add_argument("--fleets", nargs="+", default=["campus-100"])
+    parser.add_argument("--dropouts", nargs="+", type=float, default=[0.0, 0.1, 0.3])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS, metavar="NAME")
+    parser.add_argument("--rounds", type=int, help="override the fleet files' rounds")
+    parser.add_argument("--data-dir", type=Path, help="the data set's folder (hapt-30 needs the one holding "
+                        "hapt_raw_by_user.npz)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1); more share the "
+                        "machine, so their real seconds are not comparable, but virtual times are unchanged")
+    parser.add_argument("--engine", choices=ENGINES, default="ray", help="where each run trains: ray (Flower's "
+                        "simulation engine) or in-process (one core each, no engine start; same results)")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench-contenders"), help="run directories")
+    parser.add_argument("--docs", action="store_true", help="merge every finished run under --out into "
+                        "docs/contenders-runs.jsonl, then write the table and plots of all kept runs into docs/")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.quick:
+        args.fleets, args.dropouts, args.seeds, args.rounds = ["lab-20"], [0.3], [0], 1
+    args.commit = code_version()
+    plan = [(f, d, s, seed) for f in args.fleets for d in args.dropouts for seed in args.seeds for s in args.contenders]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
+        futures = {pool.submit(_timed_run, args, *job): job for job in plan}
+        for i, future in enumerate(as_completed(futures), 1):
+            if future.exception() is not None:  # report it now; runs already started still finish
+                pool.shutdown(wait=False, cancel_futures=True)
+            r, took = future.result()
+            times = ", ".join(f"{float(t):.0%} at {'never' if vs is None else f'{vs:.0f} virtual s'}"
+                              for t, vs in r["reached"].items())
+            print(f"[{i}/{len(plan)}] {r['fleet']} dropout {r['dropout']:.0%} {r['strategy']} seed {r['seed']}: "
+                  f"final {r['final_accuracy']:.2%}; {times} ({took:.0f} s)", flush=True)
+    rows = [f.result()[0] for f in futures]  # in plan order
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+    if args.docs:  # every finished run under --out, and every run kept from earlier ones
+        rows = merge(RUNS_FILE, collect(args.out))
+        text = table(rows)
+        plots = plot(rows, DOCS)
+        write_docs(text + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n", DOCS / "benchmarks.md")
+
+
+if __name__ == "__main__":
+    main()

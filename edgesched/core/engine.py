@@ -1,0 +1,244 @@
+"""The federation engine: one loop for every strategy, over a Transport, a Clock and a FleetView.
+
+The engine owns the run: the global model and the versions jobs in flight started from, the
+jobs in flight, their replies and losses, staleness, the server step and the step records. A
+`Policy` makes every decision: whom to send what and when, when to take a server step, and
+how updates combine. Each server step:
+
+1. wake-ups until the policy is ready to step; at each, in this order: take in the replies
+   that came and drop the jobs whose device vanished (offline, or its agent restarted); let
+   the policy send work; stop if it is ready; else wait until it wants to look again (the
+   clock returns earlier when a reply may have come);
+2. the policy closes the step (jobs it gives up on are written off) and aggregates: the new
+   global model, and how many updates it holds;
+3. the model is evaluated, the step recorded, and the callbacks (results, checkpoint) run.
+
+Numpy and stdlib only, time and randomness come in through the clock and the policy: the same
+seed gives the same run on a virtual fleet, byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from edgesched.core.clock import Clock
+from edgesched.core.events import DeadlinePassed, Idle, RoundEnded
+from edgesched.core.records import JobRecord, RoundCallback, RoundRecord, job_record, round_record
+from edgesched.core.transport import Batch, FleetView, Reply, Transport, Unsent
+
+Weights = list[np.ndarray]
+Evaluate = Callable[[Weights], tuple[float, float]]  # weights -> (loss, accuracy)
+OVERSIZE = 1.5  # a reply carrying more tensor bytes than this x the model is refused unread
+# Why a job ended without an update: its reply was an error; it was refused; or it is gone
+# (its device vanished, the transport would not take it, the run that sent it stopped).
+Loss = Literal["error", "refused", "gone"]
+Outcome = Literal["counted", "ignored", "refused"]  # what became of a reply's update
+
+
+@dataclass
+class Job:
+    """A job in flight: sent at `sent_at` during step `step`, from that step's model."""
+
+    id: str
+    device: str
+    step: int
+    session: int | None  # the device's agent session when it was sent (0 or None: not known)
+    sent_at: float
+    plan: Any = None  # what the policy keeps of it
+
+
+@dataclass(frozen=True)
+class Wake:
+    """When the policy wants to look again; `idle`: the wait is for devices to become free."""
+
+    until: float
+    idle: bool = False
+
+
+class Policy(Protocol):
+    def begin_step(self, step: int, now: float) -> None: ...
+
+    def dispatch(self, now: float, fleet: FleetView, transport: Transport, jobs: Mapping[str, Job]) -> Batch | None:
+        """Work to send now (None: nothing yet)."""
+
+    def on_sent(self, job: Job, now: float) -> None: ...
+
+    def on_reply(self, job: Job, reply: Reply, base: Weights, staleness: int, now: float) -> Outcome:
+        """A reply with weights and sound figures; whether its update counts."""
+
+    def on_lost(self, job: Job, now: float, loss: Loss, detail: str) -> None: ...
+
+    def ready(self, now: float, jobs: Mapping[str, Job]) -> bool:
+        """Take the server step now?"""
+
+    def wake(self, now: float, transport: Transport) -> Wake: ...
+
+    def close_step(self, now: float, jobs: Mapping[str, Job]) -> list[str]:
+        """Jobs given up on at the step's end (written off as failed)."""
+
+    def aggregate(self, model: Weights, now: float) -> tuple[Weights, int]:
+        """The new global model and the number of updates in it."""
+
+    def after_step(self, step: int, now: float, loss: float) -> None: ...
+
+
+@dataclass
+class EngineState:
+    """Where a run stands after a step: what a checkpoint keeps of the engine."""
+
+    step: int  # the last server step taken
+    keys: list[str]
+    model: Weights
+    versions: dict[int, Weights] = field(default_factory=dict)  # step -> the model its jobs started from
+    jobs: dict[str, Job] = field(default_factory=dict)  # in flight
+    history: list[RoundRecord] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, weights: Mapping[str, np.ndarray]) -> EngineState:
+        return cls(0, list(weights), list(weights.values()))
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return dict(zip(self.keys, self.model, strict=True))
+
+
+@dataclass
+class _Intake:
+    """What one step took in."""
+
+    selected: int = 0
+    failed: int = 0
+    jobs: list[JobRecord] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, policy: Policy, transport: Transport, clock: Clock, fleet: FleetView, evaluate: Evaluate,
+                 on_round: RoundCallback, elapsed: Callable[[], float],
+                 checkpoint: Callable[[EngineState], None] | None = None) -> None:
+        """`elapsed`: wall-clock seconds since the run started (the records' `seconds`)."""
+        self.policy = policy
+        self.transport = transport
+        self.clock = clock
+        self.fleet = fleet
+        self.evaluate = evaluate
+        self.on_round = on_round
+        self.elapsed = elapsed
+        self.checkpoint = checkpoint
+
+    def run(self, state: EngineState, steps: int) -> EngineState:
+        """Take server steps after `state.step` up to `steps`; `state` is updated as they go."""
+        for step in range(state.step + 1, steps + 1):
+            self._step(state, step)
+        return state
+
+    def _step(self, state: EngineState, step: int) -> None:
+        policy, clock = self.policy, self.clock
+        intake = _Intake()
+        policy.begin_step(step, clock.now())
+        while True:
+            self._take_in(state, step, intake)
+            now = clock.now()
+            batch = policy.dispatch(now, self.fleet, self.transport, state.jobs)
+            if batch is not None:
+                self._send(state, step, batch, now, intake)
+            if policy.ready(clock.now(), state.jobs):
+                break
+            wake = policy.wake(now, self.transport)
+            clock.wait(wake.until)
+            if wake.idle:
+                clock.mark(Idle())
+        for job_id in policy.close_step(clock.now(), state.jobs):
+            if state.jobs.pop(job_id, None) is not None:
+                intake.failed += 1
+        state.model, used = policy.aggregate(state.model, clock.now())
+        clock.mark(RoundEnded(round=step, delivered=used))
+        started = {job.step for job in state.jobs.values()}
+        state.versions = {s: w for s, w in state.versions.items() if s in started}
+        loss, accuracy = self.evaluate(state.model)
+        policy.after_step(step, clock.now(), loss)
+        record = round_record(step, loss, accuracy, intake.jobs, intake.selected, used, intake.failed,
+                              self.elapsed(), clock.now() if clock.virtual else None)
+        state.step = step
+        state.history.append(record)
+        self.on_round(record, intake.jobs, state.weights())
+        if self.checkpoint is not None:
+            self.checkpoint(state)
+
+    def _send(self, state: EngineState, step: int, batch: Batch, now: float, intake: _Intake) -> None:
+        if batch.deadline is not None:
+            self.clock.expect(batch.deadline, DeadlinePassed(round=step))
+        model = state.versions.setdefault(step, state.model)
+        for order in batch.orders:
+            intake.selected += 1
+            session = self.fleet.session(order.device, now)
+            try:
+                job_id = self.transport.send(order.device, step, order, model, batch.deadline)
+            except Unsent as exc:
+                job = Job(f"unsent-{step}-{order.device}", order.device, step, session, now)
+                self.policy.on_sent(job, now)
+                self.policy.on_lost(job, now, "gone", str(exc))
+                intake.failed += 1
+                continue
+            job = Job(job_id, order.device, step, session, now)
+            state.jobs[job_id] = job
+            self.policy.on_sent(job, now)
+
+    def _take_in(self, state: EngineState, step: int, intake: _Intake) -> None:
+        """Hand every reply that came to the policy, then drop the jobs whose device is gone."""
+        if not state.jobs:
+            return
+        now = self.clock.now()
+        max_bytes = OVERSIZE * sum(w.nbytes for w in state.model)
+        for reply in self.transport.collect(list(state.jobs), max_bytes):
+            job = state.jobs.pop(reply.job_id, None)
+            if job is not None and self._take(state, step, job, reply, now, intake):
+                assert reply.metrics is not None
+                intake.jobs.append(job_record(step, reply.node, reply.device_claim or "", reply.metrics))
+        self._drop_vanished(state, intake)
+
+    def _take(self, state: EngineState, step: int, job: Job, reply: Reply, now: float, intake: _Intake) -> bool:
+        """One reply; True if its update counts."""
+        policy = self.policy
+        if reply.refusal is not None:
+            policy.on_lost(job, now, "refused", reply.refusal)
+        elif reply.trained is None:
+            policy.on_lost(job, now, "error", reply.error or "no weights in the reply")
+        elif reply.metrics is None:
+            policy.on_lost(job, now, "refused", "bad_metrics")
+        else:
+            if reply.device_claim is not None:
+                self.fleet.seen(reply.node, reply.device_claim)
+            outcome = policy.on_reply(job, reply, state.versions[job.step], step - job.step, now)
+            if outcome != "refused":
+                return outcome == "counted"
+        intake.failed += 1
+        return False
+
+    def _drop_vanished(self, state: EngineState, intake: _Intake) -> None:
+        """Jobs whose device went offline, or restarted its agent, will never reply.
+
+        A drop is stamped with the time after the fleet was consulted: on a gateway that takes
+        calls to the SuperLink, during which a Last Will may come in, and a drop stamped before
+        them could precede the death that caused it."""
+        gone = [job for job in state.jobs.values() if vanished(self.fleet, job, self.clock.now())]
+        now = self.clock.now()
+        for job in gone:
+            del state.jobs[job.id]
+            self.policy.on_lost(job, now, "gone", "device offline")
+            intake.failed += 1
+
+    def write_off(self, state: EngineState, job_ids: Iterable[str], now: float, why: str) -> None:
+        """Jobs that can never reply (e.g. they belonged to a stopped run): lost, and forgotten."""
+        for job_id in list(job_ids):
+            job = state.jobs.pop(job_id)
+            self.policy.on_lost(job, now, "gone", why)
+        state.versions.clear()
+
+
+def vanished(fleet: FleetView, job: Job, now: float) -> bool:
+    """The job's device is offline, or its agent restarted since the job was sent."""
+    current = fleet.session(job.device, now)
+    return current is None or bool(job.session and current != job.session)

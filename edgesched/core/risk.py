@@ -1,0 +1,80 @@
+"""Dropout risk: the probability that a job given to a device never comes back (numpy-free).
+
+Three causes, combined as independent:
+- the device's own record: a Beta posterior of lost jobs, shrunk toward the fleet's pooled
+  rate so a device with two jobs is not judged on two coin flips;
+- churn: how often the registry saw it go offline per online hour, turned into the chance of
+  leaving within the job's predicted time (exponential);
+- its state now: a battery below its reserve and not charging, a throttled board, a link
+  whose round trip is long.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edgesched.core.telemetry import Heartbeat
+
+
+@dataclass(frozen=True)
+class RiskConfig:
+    prior_strength: float = 4.0  # jobs' worth of weight the fleet-wide rate carries per device
+    battery_reserve: float = 20.0  # percent below which an unplugged device is likely to stop
+    slow_rtt_ms: float = 500.0
+
+
+@dataclass
+class _Record:
+    jobs: float = 0.0
+    lost: float = 0.0
+    online_s: float = 0.0
+    departures: int = 0
+    was_online: bool | None = None
+    seen_at: float | None = None
+
+
+class DropoutModel:
+    def __init__(self, config: RiskConfig | None = None) -> None:
+        self.config = config or RiskConfig()
+        self._records: dict[str, _Record] = {}
+
+    def _get(self, device: str) -> _Record:
+        return self._records.setdefault(device, _Record())
+
+    def note_presence(self, device: str, online: bool, now: float) -> None:
+        """Feed the registry's view at `now`: online time and departures accumulate."""
+        r = self._get(device)
+        if r.was_online and r.seen_at is not None:
+            r.online_s += max(0.0, now - r.seen_at)
+            if not online:
+                r.departures += 1
+        r.was_online, r.seen_at = online, now
+
+    def note_job(self, device: str, lost: bool) -> None:
+        r = self._get(device)
+        r.jobs += 1
+        r.lost += float(lost)
+
+    def fleet_rate(self) -> float:
+        """Pooled per-job loss rate, with a weak prior of 10 % before any job ended."""
+        jobs = sum(r.jobs for r in self._records.values())
+        lost = sum(r.lost for r in self._records.values())
+        return (lost + 0.5) / (jobs + 5.0)
+
+    def risk(self, device: str, job_seconds: float, hb: Heartbeat | None, fleet_rate: float | None = None) -> float:
+        c = self.config
+        r = self._get(device)
+        base = fleet_rate if fleet_rate is not None else self.fleet_rate()
+        p_job = (r.lost + c.prior_strength * base) / (r.jobs + c.prior_strength)
+        hazard = r.departures / r.online_s if r.online_s > 0 else 0.0
+        p_leave = 1.0 - math.exp(-hazard * job_seconds)
+        p_state = 0.0
+        if hb is not None:
+            if hb.battery_percent is not None and not hb.charging and hb.battery_percent < c.battery_reserve:
+                p_state = max(p_state, 0.5)
+            if hb.throttled:
+                p_state = max(p_state, 0.1)
+            if hb.rtt_ms is not None and hb.rtt_ms > c.slow_rtt_ms:
+                p_state = max(p_state, 0.1)
+        return 1.0 - (1.0 - p_job) * (1.0 - p_leave) * (1.0 - p_state)

@@ -1,0 +1,309 @@
+"""The adaptive scheduler: predict, plan, take in, aggregate, steer (numpy only).
+
+One object holds what the server learns across rounds and makes every per-job decision; the
+policy (edgesched.core.policies.edgesched) decides when, and the engine carries the jobs, whose
+own record of the plan (`JobPlan`) rides on the engine's `Job`. Per round:
+
+1. `plan(rnd, now, views, busy)`: predictions and dropout risks for the devices that are online
+   and idle, an adaptive deadline, and the knapsack plan (edgesched.core.plan).
+2. `dispatched(...)` per job sent; then `arrived(...)` or `lost(...)` as jobs end, in any
+   round: an update counts while its staleness is within the bound it was given.
+3. `close_round(...)`: the buffered updates become one FedNova step; late jobs stay in flight.
+4. `after_round(...)`: convergence feedback on the global loss and the step's norm, and the
+   deadline's stretch follows how many jobs made their deadline.
+
+Every decision is appended to `self.log` as a typed record (decisions.jsonl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from edgesched.core.aggregate import Update, apply_step, fednova
+from edgesched.core.decisions import (
+    Adjusted,
+    Arrived,
+    Decision,
+    Expired,
+    Lost,
+    Quarantined,
+    RoundPlanned,
+    Screened,
+    Selected,
+    Skipped,
+)
+from edgesched.core.feedback import ConvergenceMonitor, FeedbackConfig, Knobs
+from edgesched.core.fleet import DeviceView
+from edgesched.core.plan import Assignment, Candidates, PlanConfig, choose_deadline, plan_round
+from edgesched.core.predict import Prediction, Predictor
+from edgesched.core.risk import DropoutModel, RiskConfig
+from edgesched.core.telemetry import Heartbeat
+from edgesched.core.validate import GuardConfig, UpdateGuard, Verdict
+
+if TYPE_CHECKING:
+    from edgesched.core.engine import Job
+
+log = logging.getLogger(__name__)
+DEFAULT_DRAIN_PCT_PER_S = 0.01  # battery use under load before a device's own slope is known
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    plan: PlanConfig
+    server_lr: float = 1.0
+    # FedNova counts a job's work as its local steps. Its momentum-corrected count (the clients
+    # use momentum 0.9) is exact for a constant gradient, but it scaled short jobs' early, large
+    # gradients up by ~4x and made rounds unstable on label-skewed data (docs/scheduler.md).
+    momentum: float = 0.0
+    battery_reserve: float = 20.0  # percent an unplugged device keeps for its owner
+    job_memory_mb: float = 256.0
+    on_time_goal: float = 0.8  # share of jobs that should make their deadline
+    feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    robust: str = "none"  # how the server step combines updates (edgesched.core.aggregate.fednova)
+
+
+@dataclass
+class JobPlan:
+    """What the scheduler keeps of a job it sent: the plan, the prediction it was sent on."""
+
+    round: int
+    assignment: Assignment
+    prediction: Prediction
+    factor: float  # the slowdown the prediction assumed
+    expired: bool = False  # past its staleness bound: it can no longer count, the device is still busy
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, predictor: Predictor, risk: DropoutModel | None = None) -> None:
+        self.config = config
+        self.predictor = predictor
+        self.risk = risk or DropoutModel(RiskConfig(battery_reserve=config.battery_reserve))
+        self.guard = UpdateGuard(config.guard)
+        p = config.plan
+        self.monitor = ConvergenceMonitor(Knobs(p.max_epochs, p.max_staleness, config.server_lr), config.feedback,
+                                          min_epochs=math.ceil(p.deadline_epochs))
+        self.stretch = 1.0  # deadline factor: grows while jobs miss their deadline, shrinks back to 1
+        self.deadline = p.min_deadline_s  # until the first plan: the shortest wait for candidates
+        self.round = 0
+        self.log: list[Decision] = []
+        self._planned: dict[str, Prediction] = {}  # the last plan's predictions, by device
+        self._buffer: list[tuple[str, str, Update]] = []  # (job id, device, update)
+        self._last_round: dict[str, int] = {}
+        self._loss: dict[str, float] = {}
+        self._due = 0  # this round's jobs planned to make the deadline, less those lost
+        self._on_time = 0
+        self.last_step_norm = 0.0
+        self.errors: list[float] = []  # |predicted/actual - 1| of this round's arrivals
+
+    # -- planning ------------------------------------------------------------------------
+    def candidates_wanted(self) -> int:
+        """Free devices a round should start with: enough that, after the fleet's loss rate so
+        far, the updates wanted still come back (over-selection needs someone to select)."""
+        return math.ceil(self.config.plan.target_updates / max(0.2, 1.0 - self.risk.fleet_rate()))
+
+    def start_round(self, rnd: int) -> None:
+        """A new round: from now on arrivals are measured against it."""
+        self.round = rnd
+        self._due = self._on_time = 0
+        self.errors = []
+
+    def plan(self, rnd: int, now: float, views: Sequence[DeviceView], busy: Set[str] = frozenset()) -> list[Assignment]:
+        """This round's jobs for the free devices among `views` (`busy`: devices with a job in flight)."""
+        self.round = rnd
+        held = [v.device for v in views if self.guard.quarantined(v.device, now)]
+        views = [v for v in views if v.device not in busy and v.device not in held]
+        cands, predictions = self._candidates(views)
+        knobs = self.monitor.knobs
+        # The monitor lowers max-epochs one at a time; never below the least work a job may be.
+        least = math.ceil(self.config.plan.min_epochs)
+        cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(knobs.max_epochs, least),
+                            "max_staleness": knobs.max_staleness})
+        fleet_rate = self.risk.fleet_rate()
+        cands.risk[:] = [self.risk.risk(v.device, t, v.heartbeat, fleet_rate)
+                         for v, t in zip(views, cands.epochs_s(), strict=True)]
+        self.deadline = choose_deadline(cands, cfg, self.stretch)
+        plan = plan_round(cands, self.deadline, cfg)
+        self._planned = predictions
+        self._due = sum(1 for a in plan.assignments if a.staleness == 0)
+        self.log.append(RoundPlanned(now, rnd, self.deadline, self.stretch, len(views), len(busy),
+                                     len(plan.assignments), float(plan.expected_updates)))
+        for a in plan.assignments:
+            self.log.append(Selected(now, rnd, a.device, a.samples, a.steps, a.epochs, a.predicted_s,
+                                     predictions[a.device].job_seconds(a.samples), a.staleness, a.staleness_bound,
+                                     a.risk, a.utility))
+        skipped = {**plan.skipped, **dict.fromkeys(held, "quarantined")}
+        for device, why in skipped.items():
+            if why != "enough":  # the long tail of capable devices not needed is not news
+                self.log.append(Skipped(now, rnd, device, why))
+        return plan.assignments
+
+    def _candidates(self, views: Sequence[DeviceView]) -> tuple[Candidates, dict[str, Prediction]]:
+        z = self.predictor.config.quantile_z
+        for v in views:
+            if v.speed_test_sps:
+                self.predictor.note_speed_test(v.device, v.speed_test_sps)
+        preds = {v.device: self.predictor.predict(v.device, v.heartbeat, v.board) for v in views}
+        high = [math.exp(z * preds[v.device].log_sd) for v in views]
+        sps = np.array([preds[v.device].seconds_per_sample for v in views]) * high
+        known = [loss for loss in self._loss.values() if math.isfinite(loss)]
+        mean_loss = float(np.mean(known)) if known else 1.0
+        cands = Candidates(
+            devices=[v.device for v in views],
+            samples=np.array([v.samples for v in views], dtype=np.int64),
+            seconds_per_sample=sps,
+            transfer_s=np.array([preds[v.device].transfer_s for v in views]) * high,
+            risk=np.zeros(len(views)),
+            loss=np.array([self._loss.get(v.device, mean_loss) for v in views]),
+            idle_rounds=np.array([self.round - self._last_round.get(v.device, 0) for v in views], dtype=np.float64),
+            energy_samples=np.array([self._energy_samples(v, s) for v, s in zip(views, sps, strict=True)]),
+            fits_memory=np.array([v.heartbeat is None or v.heartbeat.mem_available_mb >= self.config.job_memory_mb
+                                  for v in views], dtype=bool),
+            transfer_bytes=np.full(len(views), 2.0 * self.predictor.model_bytes),
+        )
+        return cands, preds
+
+    def _energy_samples(self, view: DeviceView, seconds_per_sample: float) -> float:
+        """Samples the battery allows before it reaches the reserve (inf: mains or charging)."""
+        hb = view.heartbeat
+        if hb is None or hb.battery_percent is None or hb.charging:
+            return math.inf
+        drain = view.battery_drain_pct_s if view.battery_drain_pct_s and view.battery_drain_pct_s > 0 \
+            else DEFAULT_DRAIN_PCT_PER_S
+        spare = max(0.0, hb.battery_percent - self.config.battery_reserve)
+        return spare / drain / seconds_per_sample
+
+    # -- jobs ----------------------------------------------------------------------------
+    def dispatched(self, a: Assignment, hb: Heartbeat | None) -> JobPlan:
+        """A planned job was sent: what to remember of it, on the prediction it was planned with
+        (`hb`: the device's heartbeat it was planned on)."""
+        self._last_round[a.device] = self.round
+        return JobPlan(self.round, a, self._planned[a.device], self.predictor.slowdown(a.device, hb))
+
+    def arrived(self, job: Job, now: float, trained: Sequence[np.ndarray], base: Sequence[np.ndarray],
+                steps: int, samples: int, data_size: int, compute_s: float,
+                loss: float) -> Literal["counted", "ignored", "refused"]:
+        """A job's trained weights came back (`base`: the global model it started from).
+
+        The update is validated (edgesched.core.validate); a valid one is buffered if within its
+        staleness bound ("counted"), else it is too stale ("ignored").
+        """
+        plan: JobPlan = job.plan
+        verdict = self.guard.check(job.device, trained, base, steps, data_size, now)
+        if verdict.delta is None:
+            self._refused(job, now, verdict)
+            return "refused"
+        staleness = self.round - plan.round
+        err = self.predictor.observe(job.device, plan.prediction, samples, compute_s, now - job.sent_at, plan.factor)
+        self.risk.note_job(job.device, lost=False)
+        if math.isfinite(loss):
+            self._loss[job.device] = loss
+        ok = staleness <= plan.assignment.staleness_bound
+        if ok:
+            self._buffer.append((job.id, job.device, Update(verdict.delta, data_size, steps, staleness)))
+        if staleness == 0 and plan.assignment.staleness == 0:
+            self._on_time += 1
+            self.errors.append(abs(err))
+        self.log.append(Arrived(now, plan.round, job.device, "counted" if ok else "too_stale", self.round, staleness,
+                                plan.assignment.staleness_bound, plan.assignment.predicted_s, now - job.sent_at, err,
+                                samples))
+        return "counted" if ok else "ignored"
+
+    def refuse(self, job: Job, now: float, reason: str) -> None:
+        """The reply was refused before its weights were read (e.g. it is oversized)."""
+        self._refused(job, now, self.guard.refuse(job.device, reason, now))
+
+    def _refused(self, job: Job, now: float, verdict: Verdict) -> None:
+        """A refused reply: the job is lost, and it is a strike against its device."""
+        self.lost(job, now, f"refused: {verdict.reason}")
+        self._note_refusal(job.device, now, verdict)
+
+    def _note_refusal(self, device: str, now: float, verdict: Verdict) -> None:
+        if verdict.delta is not None:
+            return  # clipped: it counts, at a sane size
+        log.warning("refused an update from %s: %s", device, verdict.reason)
+        if verdict.quarantined:
+            log.warning("%s is quarantined for %.0f s: %d refused updates", device, self.guard.config.quarantine_s,
+                        self.guard.config.strikes)
+            self.log.append(Quarantined(now, self.round, device, now + self.guard.config.quarantine_s,
+                                        str(verdict.reason)))
+
+    def lost(self, job: Job, now: float, why: str) -> None:
+        """A job that will never deliver: its device left, the transport failed, or it timed out."""
+        plan: JobPlan = job.plan
+        self.risk.note_job(job.device, lost=True)
+        if plan.round == self.round and plan.assignment.staleness == 0:
+            self._due -= 1
+        self.log.append(Lost(now, plan.round, job.device, why, self.round))
+
+    def expire(self, jobs: Iterable[Job], now: float, give_up_factor: float = 5.0) -> list[str]:
+        """At a round's close: mark jobs past their staleness bound, and give up on hopeless ones.
+
+        An expired job can no longer count, but its device is still busy with it and its time
+        still teaches the predictor if it comes. A job `give_up_factor` times past its
+        predicted time (and a minute) is abandoned as lost; the ids returned are those.
+        """
+        abandoned = []
+        for job in list(jobs):
+            plan: JobPlan = job.plan
+            waited = now - job.sent_at
+            if not plan.expired and self.round - plan.round >= plan.assignment.staleness_bound:
+                plan.expired = True
+                self.predictor.observe_overdue(job.device, waited, plan.assignment.samples)
+                self.log.append(Expired(now, plan.round, job.device, self.round))
+            if plan.expired and waited > give_up_factor * plan.assignment.predicted_s + 60.0:
+                self.lost(job, now, "no reply")
+                abandoned.append(job.id)
+        return abandoned
+
+    def round_complete(self, jobs: Mapping[str, Job]) -> bool:
+        """Every job of this round has ended and every on-time update is in (the round may end early)."""
+        return not any(job.plan.round == self.round and job.plan.assignment.staleness == 0 and not job.plan.expired
+                       for job in jobs.values())
+
+    # -- aggregation and feedback -----------------------------------------------------------
+    def close_round(self, weights: list[np.ndarray], now: float) -> tuple[list[np.ndarray], int]:
+        """Screen the buffered updates' sizes, then apply them as one FedNova step.
+
+        Returns (new weights, updates used)."""
+        buffered = sorted(self._buffer, key=lambda b: b[0])  # arrival order never matters
+        self._buffer = []
+        verdicts = self.guard.screen([(device, u.delta, u.steps) for _, device, u in buffered], weights, now)
+        updates = []
+        for (_, device, update), verdict in zip(buffered, verdicts, strict=True):
+            if verdict.delta is not None:
+                updates.append(dataclasses.replace(update, delta=verdict.delta))
+            if verdict.reason is not None:
+                outcome = "clipped" if verdict.delta is not None else "refused"
+                self.log.append(Screened(now, self.round, device, outcome))
+                self._note_refusal(device, now, verdict)
+        if not updates:
+            return weights, 0
+        step, _ = fednova(updates, self.config.momentum, self.config.plan.staleness_exponent, self.config.robust)
+        self.last_step_norm = float(np.sqrt(sum(float(np.sum(s * s)) for s in step)))
+        return apply_step(weights, step, self.monitor.knobs.server_lr), len(updates)
+
+    def after_round(self, rnd: int, now: float, loss: float, step_norm: float) -> None:
+        for adj in self.monitor.observe(rnd, loss, step_norm):
+            self.log.append(Adjusted(now, adj.round, adj.knob, adj.old, adj.new, adj.reason))
+        if self._due > 0:
+            share = self._on_time / self._due
+            goal = self.config.on_time_goal
+            old = self.stretch
+            if share < goal:
+                self.stretch = min(4.0, self.stretch * 1.25)
+            elif share > (1 + goal) / 2:
+                self.stretch = max(1.0, self.stretch / 1.1)
+            if self.stretch != old:
+                self.log.append(Adjusted(now, rnd, "deadline_stretch", old, self.stretch,
+                                         f"{share:.0%} of jobs made the deadline (goal {goal:.0%})"))
+
+    def median_error(self) -> float | None:
+        return float(np.median(self.errors)) if self.errors else None

@@ -1,0 +1,80 @@
+"""The wire contract between server and ClientApp: record names and per-job config keys.
+
+Each job message names the partition to train, so any node can train any partition: in
+simulation a few executor nodes can stand in for many virtual devices, and on a device the
+node config can override the data folder with its own local data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from edgesched.config import RunConfig
+from edgesched.core.records import JobMetrics
+from edgesched.core.transport import Reply
+
+ARRAYS, CONFIG, METRICS, DEVICE = "arrays", "config", "metrics", "device"
+
+
+def job_config(cfg: RunConfig, server_round: int, partition_id: int) -> dict[str, int | float | str]:
+    """The ConfigRecord for one client's job in one round (each client gets its own)."""
+    return {
+        "server-round": server_round,
+        "partition-id": partition_id,
+        "num-partitions": cfg.clients or 1,
+        "dataset": cfg.dataset,
+        "data-dir": cfg.data_dir or "",
+        "partitioner": cfg.partitioner or "",
+        "alpha": cfg.alpha,
+        "seed": cfg.seed,
+        "local-epochs": cfg.local_epochs,
+        "batch-size": cfg.batch_size,
+        "lr": cfg.lr,
+    }
+
+
+def job_seed(seed: int, server_round: int, partition_id: int) -> int:
+    """A distinct, reproducible seed per (run, round, partition) for local shuffling."""
+    return (seed * 1_000_003 + server_round * 10_007 + partition_id) % (2**31)
+
+
+def model_record(keys: Sequence[str], weights: Sequence[np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(w) for k, w in zip(keys, weights, strict=True)})
+
+
+def train_message(arrays: ArrayRecord, config: dict[str, int | float | str], node: int, step: int) -> Message:
+    """One training job for one node."""
+    return Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)}), dst_node_id=node,
+                   message_type=MessageType.TRAIN, group_id=str(step))
+
+
+def decode_reply(reply: Message, job_id: str, max_bytes: int) -> Reply:
+    """A ClientApp's reply as the engine takes it. One carrying more tensor bytes than `max_bytes`
+    is refused before its tensors are decoded; figures that are missing or not finite numbers
+    leave `metrics` None."""
+    node = reply.metadata.src_node_id
+    if reply.has_error():
+        return Reply(job_id, node, None, error=reply.error.reason)
+    claim = str(reply.content[DEVICE]["device-id"]) if DEVICE in reply.content else None
+    if ARRAYS not in reply.content:
+        return Reply(job_id, node, claim, error="no weights in the reply")
+    if sum(len(a.data) for a in reply.content[ARRAYS].values()) > max_bytes:
+        return Reply(job_id, node, claim, refusal="oversized")
+    return Reply(job_id, node, claim, trained=reply.content[ARRAYS].to_numpy_ndarrays(), metrics=job_metrics(reply))
+
+
+def job_metrics(reply: Message) -> JobMetrics | None:
+    """The job figures a reply reports; None if any is missing or not a finite number."""
+    keys = ("partition-id", "samples", "steps", "num-examples", "seconds", "samples-per-second", "loss")
+    try:
+        m = [float(reply.content[METRICS][k]) for k in keys]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) for v in m):
+        return None
+    partition, samples, steps, examples, seconds, speed, loss = m
+    return JobMetrics(int(partition), int(samples), int(steps), int(examples), seconds, speed, loss)

@@ -1,0 +1,156 @@
+"""Flower's nodes as the engine's fleet: which partition each trains, which device it runs on.
+
+A Flower node is planned under the id `node-{id}`. Once a reply names the device it runs on
+(its node config's `device-id`), the registry's heartbeats for that device feed its
+predictions and risk, and its Last Will ends its jobs at once. So that this holds from a
+node's first job, not only after its first reply, every node is asked its device id (a
+`query` message, which the ClientApp answers without loading torch) as soon as it appears.
+Partition `i` is trained by the `i`-th node seen, as in the synchronous loop. What the gateway
+learned of each node (its partition, its device) goes into its checkpoint, so that a restarted
+gateway still knows a dead board's node: that node will never answer its query, and Flower
+lists it for about a minute after its death, a minute in which an unidentified node is planned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from edgesched.core.fleet import DeviceView, device_view
+from edgesched.core.registry import DeviceState
+from edgesched.errors import EdgeschedError
+from edgesched.flower.messages import DEVICE
+from edgesched.mqtt import RegistryListener
+
+log = logging.getLogger(__name__)
+NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
+NODE_WAIT_SECONDS = 120.0
+
+
+@dataclass
+class FleetMemory:
+    """What the gateway learned of Flower's nodes: the partition each trains, the device each runs on."""
+
+    partitions: dict[int, int] = field(default_factory=dict)
+    devices: dict[int, str] = field(default_factory=dict)
+    heard: set[str] = field(default_factory=set)  # devices whose agents have been heard
+
+
+class FlowerFleet:
+    def __init__(self, grid: Grid, telemetry: RegistryListener | None, sizes: list[int],
+                 dataset: str | None = None, memory: FleetMemory | None = None) -> None:
+        self._grid = grid
+        self._dataset = dataset
+        self._telemetry = telemetry
+        self._sizes = sizes
+        self.memory = memory or FleetMemory()
+        for node, device_id in self.memory.devices.items():
+            self.seen(node, device_id)
+        self._nodes_at = -np.inf
+        self._nodes: list[int] = []
+        self._asked: dict[str, int] = {}  # identification queries in flight: message id -> node
+        self._queried: set[int] = set()  # nodes this process has asked (once each)
+        self._warned: set[int] = set()  # nodes whose device's silence has been logged
+        self._unheard_since: float | None = None
+
+    def nodes(self) -> list[int]:
+        if time.monotonic() - self._nodes_at > NODE_LIST_TTL_S:
+            self._nodes = sorted(self._grid.get_node_ids())
+            self._nodes_at = time.monotonic()
+            for node in self._nodes:
+                if self._telemetry is not None and node not in self.memory.devices and node not in self._queried:
+                    self._ask_device_id(node)
+                self.memory.partitions.setdefault(node, len(self.memory.partitions) % len(self._sizes))
+        self._take_answers()
+        return self._nodes
+
+    def _ask_device_id(self, node: int) -> None:
+        self._queried.add(node)
+        msg = Message(RecordDict({}), dst_node_id=node, message_type=MessageType.QUERY, group_id="identify")
+        for msg_id in self._grid.push_messages([msg]):
+            self._asked[msg_id] = node
+
+    def _take_answers(self) -> None:
+        if not self._asked:
+            return
+        for reply in self._grid.pull_messages(list(self._asked)):
+            node = self._asked.pop(reply.metadata.reply_to_message_id, None)
+            if node is not None and not reply.has_error() and DEVICE in reply.content:
+                self.seen(node, str(reply.content[DEVICE]["device-id"]))
+
+    def _states(self) -> dict[int, DeviceState]:
+        if self._telemetry is None:
+            return {}
+        snapshot = self._telemetry.snapshot()
+        return {s.node_id: s for s in snapshot.devices.values() if s.node_id is not None}
+
+    def views(self, now: float) -> list[DeviceView]:
+        states = self._states()
+        views = []
+        for node in self.nodes():
+            samples = self._sizes[self.memory.partitions[node]]
+            state = states.get(node)
+            if state is not None:
+                self.memory.heard.add(state.device_id)
+                if state.online:
+                    history = self._telemetry.history(state.device_id)
+                    views.append(device_view(state, samples, history, device=f"node-{node}", dataset=self._dataset))
+            elif self.memory.devices.get(node) in self.memory.heard:
+                self._unheard(node, now)
+            else:  # no agent (yet), or none at all: planned on its class's prior
+                views.append(DeviceView(f"node-{node}", samples))
+        return views
+
+    def _unheard(self, node: int, now: float) -> None:
+        """A device whose agent an earlier start of this gateway heard has not been heard since
+        the restart: the board is dead (after a broker restart its Last Will may be gone too) or
+        its agent is not up yet. Planned blind, a dead board's job would wait for Flower's
+        heartbeat (about a minute); so it is not planned until it is heard, which a live agent is
+        within one heartbeat. Silent for longer than the registry's timeout, it is worth a line
+        in the log."""
+        self._unheard_since = self._unheard_since or now
+        if node not in self._warned and now - self._unheard_since > self._telemetry.registry.config.timeout:
+            self._warned.add(node)
+            log.warning("node %d runs device %r, whose agent has not been heard since the gateway restarted: "
+                        "not planned until it is", node, self.memory.devices[node])
+
+    def target(self, device: str) -> tuple[int, int]:
+        node = int(device.removeprefix("node-"))
+        return node, self.memory.partitions[node]
+
+    def session(self, device: str, now: float) -> int | None:
+        node = int(device.removeprefix("node-"))
+        if node not in self.nodes():
+            return None
+        state = self._states().get(node)
+        if state is None:
+            return 0
+        if not state.online:
+            return None
+        return state.heartbeat.session if state.heartbeat else 0
+
+    def size(self) -> int:
+        """Flower's registered nodes: a dead one counts until Flower drops it (about a minute)."""
+        return len(self.nodes())
+
+    def seen(self, node: int, device_id: str) -> None:
+        self.memory.devices[node] = device_id
+        if self._telemetry is not None:
+            self._telemetry.link_node(device_id, node)
+
+
+def wait_for_nodes(grid: Grid, wanted: int) -> list[int]:
+    """Block until the grid has nodes (all `wanted` or whatever came within the wait)."""
+    deadline = time.monotonic() + NODE_WAIT_SECONDS
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= wanted or (nodes and time.monotonic() > deadline):
+            return nodes
+        if time.monotonic() > deadline:
+            raise EdgeschedError(f"no client node connected within {NODE_WAIT_SECONDS:.0f} s")
+        time.sleep(0.2)

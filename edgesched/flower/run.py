@@ -1,0 +1,106 @@
+"""A run over Flower's Grid in real time: the gateway's ServerApp, and the plain simulation's.
+
+The engine drives one policy (`fedavg` or `edgesched`) over Flower's nodes: the wall clock,
+the nodes as a fleet (joined to the MQTT registry when there is one), each job a message. A
+run continues from `resume` (a gateway's checkpoint), writing off the jobs the stopped run had
+in flight: they belonged to the stopped Flower run, and their devices are planned afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from edgesched import data, partition
+from edgesched.config import GATEWAY_STRATEGIES, RunConfig
+from edgesched.core import policies
+from edgesched.core.decisions import Decision
+from edgesched.core.engine import Engine, EngineState
+from edgesched.core.events import Event
+from edgesched.core.predict import Predictor
+from edgesched.core.records import RoundCallback, RoundRecord
+from edgesched.errors import ConfigError
+from edgesched.flower.nodes import FleetMemory, FlowerFleet, wait_for_nodes
+from edgesched.flower.transport import FlowerTransport
+from edgesched.mqtt import RegistryListener
+
+log = logging.getLogger(__name__)
+
+
+class WallClock:
+    """Deployment time: Unix seconds (the registry's clock), polling every `poll_s`."""
+
+    virtual = False
+
+    def __init__(self, poll_s: float = 0.2) -> None:
+        self.poll_s = poll_s
+
+    def now(self) -> float:
+        return time.time()
+
+    def wait(self, until: float) -> None:
+        time.sleep(max(0.0, min(self.poll_s, until - time.time())))
+
+    def mark(self, event: Event) -> None:
+        """The gateway's log has the steps already."""
+
+    def expect(self, at: float, event: Event) -> None:
+        """Nothing to note ahead on the wall clock."""
+
+
+@dataclass
+class Saved:
+    """What a gateway restarted mid-run goes on from."""
+
+    state: EngineState
+    policy: policies.Policy
+    fleet: FleetMemory
+
+
+@dataclass(frozen=True)
+class RunResult:
+    weights: dict[str, np.ndarray]
+    rounds: list[RoundRecord]
+    decisions: list[Decision] = field(default_factory=list)  # the adaptive scheduler's log
+
+
+def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
+                resume: Saved | None = None, save: Callable[[Saved], None] | None = None) -> RunResult:
+    """Run `cfg.rounds` server steps of `cfg.strategy` on the grid's nodes; `save` after each."""
+    from edgesched.models import build_model, model_size
+    from edgesched.training import scorer
+
+    check_strategy(cfg)
+    ds = data.load(cfg.dataset, cfg.data_dir)
+    sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.partitioner or "iid", cfg.clients or 1,
+                                                 cfg.alpha, cfg.seed)]
+    model = build_model(cfg.dataset, cfg.seed)
+    wait_for_nodes(grid, 1 if resume else cfg.clients or 1)  # a resumed run goes on with whoever is there
+    fleet = FlowerFleet(grid, telemetry, sizes, cfg.dataset, resume and resume.fleet)
+    if resume is not None:
+        log.info("resuming after round %d of %d", resume.state.step, cfg.rounds)
+        state, policy = resume.state, resume.policy
+    else:
+        state = EngineState.start({k: v.detach().numpy().copy() for k, v in model.state_dict().items()})
+        policy = policies.fedavg(cfg) if cfg.strategy == "fedavg" else \
+            policies.edgesched(cfg, Predictor(4 * model_size(cfg.dataset)["model_parameters"]))
+    started = time.monotonic()
+    checkpoint = (lambda s: save(Saved(s, policy, fleet.memory))) if save is not None else None
+    engine = Engine(policy, FlowerTransport(grid, cfg, fleet, state.keys), WallClock(), fleet,
+                    scorer(model, ds.x_test, ds.y_test), on_round, lambda: time.monotonic() - started, checkpoint)
+    if resume is not None:
+        engine.write_off(state, list(state.jobs), time.time(), "gateway restarted")
+    engine.run(state, cfg.rounds)
+    return RunResult(state.weights(), state.history, list(policy.log))
+
+
+def check_strategy(cfg: RunConfig) -> None:
+    """A gateway runs FedAvg or the adaptive scheduler; the other strategies need a virtual fleet."""
+    if cfg.strategy not in GATEWAY_STRATEGIES:
+        raise ConfigError(f"strategy {cfg.strategy!r} is a baseline of the fleet simulator (edgesched "
+                          f"simulate --fleet); a gateway runs {' or '.join(GATEWAY_STRATEGIES)}")

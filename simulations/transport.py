@@ -1,0 +1,240 @@
+"""The engine's transport on a virtual fleet: every job on its device's timeline, trained for real.
+
+A job sent to a virtual device becomes a timeline drawn from the device's model (download,
+compute, upload, or a drop: edgesched.simulations.devices), logged on the virtual clock as it
+plays out. A job that delivers is trained for real by an executor (`Executors`); its reply is
+handed over once its virtual arrival has passed, as the device would send it: from its node,
+naming the device, with its virtual compute time. A job that drops never trains and never
+replies. A job whose hard deadline it would miss is not trained either: nobody reads it.
+
+Device i is node i + 1 and trains partition i. Replies are handed over in virtual arrival order
+(device index breaks ties), so the engine takes them in the same order whatever the host's speed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from edgesched.config import RunConfig
+from edgesched.core.events import Computed, Dispatched, Downloaded, DroppedOut, Uploaded
+from edgesched.core.transport import Order, Reply
+from edgesched.errors import EdgeschedError
+from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, METRICS, decode_reply, job_config, model_record
+from edgesched.flower.nodes import wait_for_nodes
+from edgesched.simulations.clock import AgentDied, VirtualClock
+from edgesched.simulations.devices import Job, VirtualFleet
+
+REAL_POLL_S = 0.02
+REAL_PUSH_ATTEMPTS = 50
+
+
+@dataclass
+class Flight:
+    job: Job
+    message: Message  # as the device got it: addressed to its node, the job's whole config
+    real_id: str | None  # the executor's message id; None for a job that is never trained
+    corrupt: str | None = None  # a faulty device's update: "nan" or "huge" (dynamics.bad_updates)
+
+
+class Executors:
+    """A few nodes of Flower's simulation engine (or in-process ones) that train any device's data:
+    a message names the partition, so a thousand devices never need a thousand Flower nodes."""
+
+    def __init__(self, grid: Grid, wanted: int) -> None:
+        self.grid = grid
+        self.wanted = wanted
+        self._nodes: list[int] = []  # found at the first job: the engine registers them as it starts
+        self._sent = 0
+
+    def push(self, msg: Message) -> str:
+        """Start a job on the next executor; one that refuses it (a busy engine) hands it to the next."""
+        if not self._nodes:
+            self._nodes = wait_for_nodes(self.grid, self.wanted)
+        for _ in range(REAL_PUSH_ATTEMPTS):
+            self._sent += 1
+            node = self._nodes[self._sent % len(self._nodes)]
+            out = Message(RecordDict({ARRAYS: msg.content[ARRAYS], CONFIG: msg.content[CONFIG]}), dst_node_id=node,
+                          message_type=msg.metadata.message_type, group_id=msg.metadata.group_id)
+            pushed = list(self.grid.push_messages([out]))
+            if pushed:
+                return pushed[0]
+            time.sleep(REAL_POLL_S)
+        raise EdgeschedError(f"the simulation engine refused a job {REAL_PUSH_ATTEMPTS} times (see its log above)")
+
+    def pull(self, real_ids: Sequence[str]) -> list[Message]:
+        return list(self.grid.pull_messages(list(real_ids)))
+
+
+class VirtualTransport:
+    def __init__(self, fleet: VirtualFleet, cfg: RunConfig, partition_sizes: list[int], clock: VirtualClock,
+                 executors: Executors, keys: list[str]) -> None:
+        self.fleet = fleet
+        self.cfg = cfg
+        self.sizes = partition_sizes
+        self.clock = clock
+        self.executors = executors
+        self.keys = keys
+        self.flights: dict[str, Flight] = {}
+        self.device_seconds = 0.0
+        self.bytes_down = self.bytes_up = 0  # model transfers completed, as the devices' links carried them
+        self._faults = np.random.default_rng([cfg.seed, 0xBAD])  # its own stream: other draws never shift
+        self._real: dict[str, Message] = {}  # executor replies pulled ahead of their virtual arrival
+        self._next_id = 1
+        self._arrays: tuple[int, ArrayRecord] | None = None  # (step, its model encoded once)
+
+    SAVED = ("device_seconds", "bytes_down", "bytes_up", "flights", "_faults", "_real", "_next_id")
+
+    def snapshot(self) -> dict[str, Any]:
+        """The jobs on the devices' timelines and the random stream, for a checkpoint. Real
+        training still running on an executor is not waited for: a resumed run trains those
+        jobs again, from the same message and seed, and gets the same weights."""
+        return {name: getattr(self, name) for name in self.SAVED}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        for name in self.SAVED:
+            setattr(self, name, saved[name])
+        for flight in self.flights.values():  # the executors of the stopped run are gone
+            if flight.real_id is not None and flight.real_id not in self._real:
+                flight.real_id = self.executors.push(flight.message)
+
+    # -- the engine's Transport ----------------------------------------------------------------
+    def send(self, device: str, step: int, order: Order, model: list[np.ndarray], deadline: float | None) -> str:
+        if self._arrays is None or self._arrays[0] != step:  # a step's jobs all start from its model
+            self._arrays = (step, model_record(self.keys, model))
+        config: dict[str, Any] = {}
+        if order.epochs is not None:
+            config["local-epochs"] = order.epochs
+        if order.steps is not None:
+            config["max-steps"] = order.steps
+        return self.start(self.fleet.index[device], step, self._arrays[1], config, deadline)
+
+    def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
+        return [decode_reply(msg, job_id, max_bytes) for job_id, msg in self.arrivals(job_ids)]
+
+    def reachable(self, now: float) -> list[str]:
+        """Devices up now and not still busy with an earlier job, in index order."""
+        return [self.fleet.devices[i].device_id for i in self.fleet.online(now)
+                if self.fleet.devices[i].busy_until <= now]
+
+    def next_change(self, now: float) -> float:
+        """The next moment a device may come online or become free."""
+        busy = [d.busy_until for d in self.fleet.devices if d.busy_until > now]
+        return min([self.fleet.next_change(now), *busy])
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def start(self, index: int, step: int, arrays: ArrayRecord, config: dict[str, Any], deadline: float | None) -> str:
+        """Put a job on device `index`'s timeline; start real training if anyone will read it."""
+        now = self.clock.now()
+        vid = f"v{self._next_id}"
+        self._next_id += 1
+        full = {**job_config(self.cfg, step, index), **config, "partition-id": index}
+        msg = Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(full)}), dst_node_id=index + 1,
+                      message_type=MessageType.TRAIN, group_id=str(step))
+        msg.metadata.__dict__["_message_id"] = vid  # as Flower's grids do on push
+        job = self.fleet.job(index, now, self._work(index, full))
+        self._schedule(job, int(full["server-round"]), deadline)
+        self.device_seconds += job.compute_spent_s
+        self.bytes_down += self.fleet.model_bytes if job.ends_at >= job.compute_start else 0
+        self.bytes_up += self.fleet.model_bytes if job.delivers else 0
+        flight = Flight(job, msg, None, self._corruption() if job.delivers else None)
+        self.flights[vid] = flight
+        if job.delivers and (deadline is None or job.end <= deadline):  # a reply nobody reads is not trained
+            flight.real_id = self.executors.push(msg)
+        return vid
+
+    def arrivals(self, job_ids: Sequence[str]) -> list[tuple[str, Message]]:
+        """Replies whose virtual arrival has passed, in arrival order (device index breaks ties)."""
+        now = self.clock.now()
+        due = [(f.job.end, f.job.device, i) for i in job_ids if (f := self.flights.get(i)) is not None
+               and f.real_id is not None and f.job.end <= now]
+        replies = []
+        for _, _, vid in sorted(due):
+            flight = self.flights.pop(vid)
+            assert flight.real_id is not None
+            replies.append((vid, self._virtual_reply(flight, self._await_real(flight.real_id))))
+        return replies
+
+    def forget(self, job_ids: Sequence[str]) -> None:
+        """Jobs whose replies will never be read; their timelines still play out on the clock."""
+        for job_id in job_ids:
+            self.flights.pop(job_id, None)
+
+    def finish(self) -> None:
+        """Play out the jobs still in flight when the run ends (their uploads or drops are logged)."""
+        ends = [f.job.ends_at for f in self.flights.values()]
+        busy = [d.busy_until for d in self.fleet.devices]
+        self.clock.advance(max([self.clock.now(), *ends, *busy]))
+
+    def _corruption(self) -> str | None:
+        """Whether a delivered update arrives corrupt, and how: a faulty board's memory or build."""
+        rate = self.fleet.dyn.bad_updates
+        if rate <= 0 or self._faults.random() >= rate:
+            return None
+        return "nan" if self._faults.random() < 0.5 else "huge"
+
+    def _work(self, index: int, config: dict[str, Any]) -> int:
+        """Training samples a job's config asks of this device's partition."""
+        n = self.sizes[index]
+        full = int(config["local-epochs"]) * n
+        if "max-steps" not in config:
+            return full
+        per_epoch = -(-n // self.cfg.batch_size)
+        whole, rest = divmod(int(config["max-steps"]), per_epoch)
+        return min(full, whole * n + rest * self.cfg.batch_size)
+
+    def _await_real(self, real_id: str) -> Message:
+        while real_id not in self._real:
+            wanted = [f.real_id for f in self.flights.values() if f.real_id and f.real_id not in self._real]
+            for reply in self.executors.pull([real_id, *wanted]):
+                self._real[reply.metadata.reply_to_message_id] = reply
+            if real_id not in self._real:
+                time.sleep(REAL_POLL_S)
+        return self._real.pop(real_id)
+
+    def _virtual_reply(self, flight: Flight, real: Message) -> Message:
+        """The executor's reply as the device sends it: from its node, naming it, with its virtual compute time."""
+        if real.has_error():
+            return Message(real.error, reply_to=flight.message)
+        content = RecordDict(dict(real.content.items()))
+        if flight.corrupt is not None:
+            content[ARRAYS] = _corrupt(flight.message.content[ARRAYS], real.content[ARRAYS], flight.corrupt)
+        metrics = dict(real.content[METRICS])
+        job = flight.job
+        metrics["seconds"] = job.compute_s
+        metrics["samples-per-second"] = metrics["samples"] / job.compute_s if job.compute_s > 0 else 0.0
+        content[METRICS] = MetricRecord(metrics)
+        content[DEVICE] = ConfigRecord({"device-id": self.fleet.devices[job.device].device_id})
+        return Message(content, reply_to=flight.message)
+
+    def _schedule(self, job: Job, step: int, deadline: float | None) -> None:
+        device = self.fleet.devices[job.device].device_id
+        clock = self.clock
+        clock.schedule(job.dispatched, Dispatched(step, device))
+        if job.delivers:
+            clock.schedule(job.compute_start, Downloaded(step, device))
+            clock.schedule(job.compute_start + job.compute_s, Computed(step, device, True if job.throttled else None))
+            clock.schedule(job.end, Uploaded(step, device, None if deadline is None else job.end > deadline))
+        else:
+            assert job.drop_at is not None and job.cause is not None
+            clock.schedule(job.drop_at, AgentDied(DroppedOut(step, device, job.cause), job.device, job.session))
+        clock.job_ends_at(job.ends_at)
+
+
+def _corrupt(sent: ArrayRecord, trained: ArrayRecord, how: str) -> ArrayRecord:
+    """A corrupt update: NaN in its first tensor, or its change to the model 100x too large."""
+    out, poisoned = {}, False
+    for key, array in trained.items():
+        base, new = sent[key].numpy(), array.numpy()
+        if how == "huge":
+            new = (base + 100 * (new - base)).astype(new.dtype)
+        elif not poisoned and np.issubdtype(new.dtype, np.floating):
+            new, poisoned = np.full_like(new, np.nan), True
+        out[key] = Array(new)
+    return ArrayRecord(out)

@@ -1,0 +1,143 @@
+"""The engine and its policies on hand-made fleets: no Flower, no torch, no broker."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgesched.config import RunConfig
+from edgesched.core import policies
+from edgesched.core.decisions import Lost
+from edgesched.core.events import DeadlinePassed, Idle, RoundEnded
+from edgesched.core.predict import Predictor
+
+from .fakes import Fleet, ScriptedTransport, StepClock, run
+
+
+class Stop(Exception):
+    pass
+
+
+class StopAtFirstJob(ScriptedTransport):
+    def send(self, *args, **kwargs) -> str:
+        raise Stop
+
+
+def edgesched(k: int, **over) -> policies.EdgeschedPolicy:
+    cfg = RunConfig.from_mapping({"clients": k, "fraction-train": 1.0, "round-timeout": 600.0,
+                                  "strategy": "edgesched", **over})
+    return policies.edgesched(cfg, Predictor(4 * 10_000))
+
+
+def first_plan_at(devices: int, clients_per_round: int, online: int | None = None) -> float:
+    """When the adaptive scheduler starts its first round on a fleet with `online` devices up."""
+    policy = edgesched(clients_per_round)
+    policy.scheduler.deadline = 100.0  # a slow fleet's deadline: the loop would settle only after it
+    clock = StepClock()
+    with pytest.raises(Stop):
+        run(policy, StopAtFirstJob(clock, {}), Fleet(devices, online), steps=1)
+    return clock.t
+
+
+def test_a_fleet_no_bigger_than_the_round_starts_once_all_of_it_is_free():
+    # Over-selection wants more candidates than the clients per round; a fleet of exactly that
+    # size can never supply them, so the round must not wait for them.
+    assert first_plan_at(devices=10, clients_per_round=10) == 0.0
+    assert first_plan_at(devices=4, clients_per_round=10) == 0.0
+
+
+def test_a_big_enough_fleet_starts_at_once():
+    assert first_plan_at(devices=30, clients_per_round=10) == 0.0
+
+
+def test_a_round_short_of_devices_starts_with_half_of_them_after_one_deadline():
+    # 30 phones, few online: waiting for all 10 would idle the free ones until others return.
+    # Looked at every round-timeout / 100 = 6 s: it starts at the first look after one deadline.
+    assert 100.0 <= first_plan_at(devices=30, clients_per_round=10, online=6) < 106.0
+    assert first_plan_at(devices=30, clients_per_round=10, online=4) == 600.0  # under half: the round timeout
+
+
+class DyingFleet(Fleet):
+    """d0 dies while the gateway asks whether it is still there (asking takes `call_s`: a SuperLink call)."""
+
+    def __init__(self, clock: StepClock, call_s: float) -> None:
+        super().__init__(1)
+        self.clock, self.call_s = clock, call_s
+        self.died_at: float | None = None
+
+    def session(self, device: str, now: float) -> int | None:
+        if self.clock.t > 0 and self.died_at is None:
+            self.died_at = self.clock.t + self.call_s / 3  # its Last Will comes in during the call
+        self.clock.t += self.call_s
+        return None if self.died_at is not None and self.clock.t >= self.died_at else 1
+
+
+def test_a_drop_is_stamped_after_the_death_that_caused_it():
+    clock = StepClock()
+    fleet = DyingFleet(clock, call_s=0.3)
+    policy = edgesched(1)
+    run(policy, ScriptedTransport(clock, {}), fleet, steps=1)
+    [lost] = [d for d in policy.log if isinstance(d, Lost)]
+    assert lost.reason == "device offline"
+    assert fleet.died_at is not None and lost.t >= fleet.died_at  # stamped when the engine knew, not before
+
+
+def test_fedavg_waits_for_every_reply_then_averages_in_partition_order():
+    clock = StepClock()
+    transport = ScriptedTransport(clock, {"d0": 3.0, "d1": 1.0, "d2": 2.0})
+    policy = policies.FedAvg(per_round=3, timeout=60.0, rng=np.random.default_rng(0))
+    state, records = run(policy, transport, Fleet(3), steps=1)
+    (record, jobs), = records
+    assert clock.t == 3.0 and record.replied == 3 and record.failed == 0  # the slowest reply ended the round
+    assert [j.partition for j in jobs] == [1, 2, 0]  # taken in as they came
+    # d_i moves the model by i + 1 and holds 60 (i + 1) samples: (1*1 + 2*2 + 3*3) / 6
+    np.testing.assert_allclose(state.model[0], -14 / 6, rtol=1e-6)
+    assert (3.0, RoundEnded(1, 3)) in clock.marks and (60.0, DeadlinePassed(1)) in clock.marks
+
+
+def test_fedavg_gives_up_at_its_deadline_on_a_device_that_never_answers():
+    clock = StepClock()
+    transport = ScriptedTransport(clock, {"d0": 1.0, "d1": 2.0, "d2": 1e9})  # d2 is far too slow
+    policy = policies.FedAvg(per_round=3, timeout=60.0, rng=np.random.default_rng(0))
+    state, records = run(policy, transport, Fleet(3), steps=2)
+    assert [r.failed for r, _ in records] == [1, 1] and [r.replied for r, _ in records] == [2, 2]
+    assert [r.virtual_seconds for r, _ in records] == [60.0, 120.0]
+    assert not state.jobs  # given up on: written off, not in flight
+
+
+def test_fedavg_waits_for_enough_free_devices_and_says_so():
+    class Scarce(ScriptedTransport):
+        def reachable(self, now: float) -> list[str]:
+            return ["d0", "d1"] if now >= 50.0 else ["d0"]
+
+        def next_change(self, now: float) -> float:
+            return 50.0
+
+    clock = StepClock()
+    policy = policies.FedAvg(per_round=2, timeout=60.0, rng=np.random.default_rng(0))
+    run(policy, Scarce(clock, {"d0": 1.0, "d1": 1.0}), Fleet(2), steps=1)
+    assert (50.0, Idle()) in clock.marks and clock.t == 51.0
+
+
+def test_fedbuff_steps_whenever_k_updates_are_in():
+    clock = StepClock()
+    transport = ScriptedTransport(clock, {f"d{i}": 1.0 + i for i in range(4)})
+    policy = policies.FedBuff(k=2, concurrency=4, staleness_exponent=0.5, server_lr=1.0, round_timeout=600.0,
+                              rng=np.random.default_rng(0))
+    _, records = run(policy, transport, Fleet(4), steps=2)
+    assert [r.replied for r, _ in records] == [2, 2]
+    # d0 is back at work at t=2, d1 once the first step is taken: both deliver by t=3.
+    assert [r.virtual_seconds for r, _ in records] == [2.0, 3.0]
+    assert [(s.device, s.at) for s in transport.sent[4:6]] == [("d0", 2.0), ("d1", 2.0)]
+
+
+def test_a_job_in_flight_keeps_the_model_it_started_from():
+    clock = StepClock()
+    transport = ScriptedTransport(clock, {"d0": 1.0, "d1": 10.0})
+    policy = policies.FedBuff(k=1, concurrency=2, staleness_exponent=0.0, server_lr=1.0, round_timeout=600.0,
+                              rng=np.random.default_rng(0))
+    state, _ = run(policy, transport, Fleet(2), steps=3)
+    late = next(s for s in transport.sent if s.device == "d1")
+    assert late.step == 1 and np.all(late.model[0] == 0)  # d1's job started from the first model
+    assert [job.step for job in state.jobs.values() if job.device == "d1"] == [1]
+    assert set(state.versions) == {job.step for job in state.jobs.values()}  # only models still needed
