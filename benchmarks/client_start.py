@@ -36,7 +36,7 @@ from edgesched.flower.messages import job_config
 content = RecordDict()
 if "{kind}" == "train":
     from edgesched.models import build_model
-    cfg = RunConfig(dataset="{dataset}", clients={clients}, local_epochs=1).resolved()
+    cfg = RunConfig.from_mapping({{"dataset": "{dataset}", "clients": {clients}, "local-epochs": 1}})
     content = RecordDict({{"arrays": ArrayRecord(build_model("{dataset}").state_dict()),
                           "config": ConfigRecord({{**job_config(cfg, 1, 0), "max-steps": 1}})}})
 metadata = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=7, reply_to_message_id="", group_id="1",

@@ -44,7 +44,7 @@ def fleet_views(n: int, rng: np.random.Generator, now: float) -> list[DeviceView
 
 def bench(n: int, rounds: int, seed: int = 0) -> list[float]:
     rng = np.random.default_rng(seed)
-    cfg = RunConfig(clients=n, fraction_train=min(1.0, 100 / n))
+    cfg = RunConfig.from_mapping({"clients": n, "fraction-train": min(1.0, 100 / n)})
     scheduler = Scheduler(scheduler_config(cfg), Predictor(861_480, BOARDS))
     seconds = []
     now = 0.0

@@ -50,7 +50,7 @@ Opt = typer.Option
 @app.command()
 def simulate(
     dataset: Annotated[str, Opt(help="fmnist (Fashion-MNIST), hapt (UCI HAPT, 30 users) or digits (quick).")] = (
-        _DEFAULTS.dataset
+        _DEFAULTS.data.dataset
     ),
     data_dir: Annotated[Path | None, Opt(help=(
         "Folder with the data set's files. Default for fmnist: /usr/share/datasets/fashion-mnist; "
@@ -71,13 +71,13 @@ def simulate(
         "iid, dirichlet (label skew), dirichlet-balanced (label skew, equal sizes) or natural (by user). "
         "Default: natural for hapt, dirichlet otherwise."
     ))] = None,
-    alpha: Annotated[float, Opt(help="Dirichlet concentration: smaller is more skewed.")] = _DEFAULTS.alpha,
+    alpha: Annotated[float, Opt(help="Dirichlet concentration: smaller is more skewed.")] = _DEFAULTS.data.alpha,
     fraction_train: Annotated[float, Opt(help="Share of clients that train each round.")] = _DEFAULTS.fraction_train,
     local_epochs: Annotated[int | None, Opt(help=(
         "Local epochs per job. Default: 1 for fmnist; 5 for hapt and digits, whose clients hold little data."
     ))] = None,
-    batch_size: Annotated[int, Opt(help="Local mini-batch size.")] = _DEFAULTS.batch_size,
-    lr: Annotated[float, Opt(help="Local SGD learning rate (momentum 0.9).")] = _DEFAULTS.lr,
+    batch_size: Annotated[int, Opt(help="Local mini-batch size.")] = _DEFAULTS.training.batch_size,
+    lr: Annotated[float, Opt(help="Local SGD learning rate (momentum 0.9).")] = _DEFAULTS.training.lr,
     client_cpus: Annotated[float, Opt(help=(
         "CPU cores per simulated client; cores / this = parallel workers."
     ))] = _DEFAULTS.client_cpus,
@@ -162,14 +162,12 @@ def simulate(
         raise ConfigError("--dropout, --bad-updates, --broker and --engine need --fleet: they describe a virtual fleet")
     if chosen in STRATEGIES and chosen not in GATEWAY_STRATEGIES:
         raise ConfigError(f"--strategy {chosen} is a baseline for virtual fleets: it needs --fleet")
-    optional = {"rounds": rounds, "seed": seed}
-    cfg = RunConfig(
-        dataset=dataset, data_dir=str(data_dir) if data_dir else None, clients=clients, partitioner=partitioner,
-        alpha=alpha, fraction_train=fraction_train, local_epochs=local_epochs, batch_size=batch_size, lr=lr,
-        client_cpus=client_cpus, broker="none", strategy=chosen, onnx_every_round=onnx_every_round,
-        **{k: v for k, v in optional.items() if v is not None},
-    ).with_keys(scheduler_keys).resolved()
-    out_dir = out or Path("runs") / f"{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+    cfg = RunConfig.from_mapping({
+        "dataset": dataset, "data-dir": str(data_dir) if data_dir else None, "clients": clients,
+        "partitioner": partitioner, "alpha": alpha, "fraction-train": fraction_train, "local-epochs": local_epochs,
+        "batch-size": batch_size, "lr": lr, "client-cpus": client_cpus, "broker": "none", "strategy": chosen,
+        "onnx-every-round": onnx_every_round, "rounds": rounds, "seed": seed, **scheduler_keys})
+    out_dir = out or Path("runs") / f"{cfg.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run
 
     summary = run(cfg, out_dir)

@@ -1,7 +1,17 @@
-"""Run configuration: one frozen dataclass, kebab-case keys as in Flower's run config.
+"""Run configuration: one frozen settings class per component, and the run's config that holds them.
 
-The same keys come from the CLI, from `flwr run --run-config`, or from a TOML file, and
-every value is checked when the config is built, with an error that names the key.
+The same kebab-case keys come from the CLI, from `flwr run --run-config`, or from a fleet file.
+`RunConfig.from_mapping` is the one place that reads them: it refuses unknown keys by name,
+coerces strings and numbers to each field's type, fills the data set's defaults (where a key
+is missing, and nowhere else), and every settings class checks its values as it is built, with
+an error that names the key. A built config holds concrete values only: what ran is what it says.
+
+- `DataSettings`: which data, split how, into how many clients (partitions);
+- `TrainingSettings`: what each client job does;
+- `SchedulerSettings`: the adaptive scheduler's knobs (docs/scheduler.md), the keys
+  `edgesched simulate --scheduler` takes;
+- `TelemetrySettings`: the broker the devices' heartbeats come through;
+- `RunConfig`: the strategy, the run's length and pace, where it writes, and the four above.
 """
 
 from __future__ import annotations
@@ -9,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from edgesched.errors import ConfigError
@@ -34,42 +44,47 @@ STRATEGIES = (*BASELINES, "edgesched", "edgesched-no-prediction", "edgesched-no-
 # so they train 5 local epochs per round (measured: hapt 82.6 % -> 90.1 %, digits 92.0 % ->
 # 97.8 % after 20 rounds; docs/benchmarks.md).
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "fmnist": {"partitioner": "dirichlet", "clients": 10, "local_epochs": 1},
-    "hapt": {"partitioner": "natural", "clients": 30, "local_epochs": 5},
-    "digits": {"partitioner": "dirichlet", "clients": 10, "local_epochs": 5},
+    "fmnist": {"data-dir": FMNIST_DIR, "partitioner": "dirichlet", "clients": 10, "local-epochs": 1},
+    "hapt": {"data-dir": None, "partitioner": "natural", "clients": 30, "local-epochs": 5},
+    "digits": {"data-dir": None, "partitioner": "dirichlet", "clients": 10, "local-epochs": 5},
 }
 
 
-# The adaptive scheduler's knobs (docs/scheduler.md): what `edgesched simulate --scheduler` may change.
-SCHEDULER_KEYS = ("max-epochs", "min-epochs", "deadline-quantile", "min-deadline", "max-staleness",
-                  "staleness-exponent", "max-overselect", "min-round-share", "server-lr", "fairness-rounds",
-                  "gateway-mbps", "battery-reserve", "update-norm-limit", "large-update", "robust-aggregation")
+@dataclass(frozen=True)
+class DataSettings:
+    dataset: str = "fmnist"
+    data_dir: str | None = FMNIST_DIR  # None: the data set needs no folder (digits) or was given none
+    partitioner: str = "dirichlet"
+    alpha: float = 0.3  # Dirichlet concentration: smaller is more skewed
+    clients: int = 10  # partitions: one per client
+
+    def __post_init__(self) -> None:
+        _choice("dataset", self.dataset, DATASETS)
+        _choice("partitioner", self.partitioner, PARTITIONERS)
+        _require(self.alpha > 0, "alpha", "must be > 0", self.alpha)
+        _require(self.clients >= 1, "clients", "must be >= 1", self.clients)
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Everything a federated run needs; `None` means "the data set's default"."""
-
-    dataset: str = "fmnist"
-    data_dir: str | None = None
-    partitioner: str | None = None
-    alpha: float = 0.3
-    clients: int | None = None
-    fraction_train: float = 1.0
-    rounds: int = 20
-    local_epochs: int | None = None
+class TrainingSettings:
+    local_epochs: int = 1
     batch_size: int = 32
-    lr: float = 0.02
-    seed: int = 0
-    round_timeout: float = 600.0
-    client_cpus: float = 1.0
-    broker: str = "embedded"  # "embedded" (loopback, port 1883), "none", or mqtt[s]://[user@]host:port
-    broker_ca_file: str | None = None  # the CA that signed an mqtts:// broker's certificate
-    fleet: str = "default"
-    heartbeat_interval: float = 5.0
-    # The adaptive scheduler (strategy "edgesched"); docs/scheduler.md explains each knob.
-    strategy: str = "fedavg"
-    max_epochs: int | None = None  # default: twice local-epochs, so fast devices do more than FedAvg
+    lr: float = 0.02  # local SGD learning rate (momentum 0.9)
+    proximal_mu: float = 0.01  # strategy "fedprox": weight of the clients' proximal term
+
+    def __post_init__(self) -> None:
+        _require(self.local_epochs >= 1, "local-epochs", "must be >= 1", self.local_epochs)
+        _require(self.batch_size >= 1, "batch-size", "must be >= 1", self.batch_size)
+        _require(self.lr > 0, "lr", "must be > 0", self.lr)
+        _require(self.proximal_mu >= 0, "proximal-mu", "must be >= 0", self.proximal_mu)
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """The adaptive scheduler's knobs; docs/scheduler.md explains each. FedBuff shares the staleness
+    discount, the concurrency cap (`max-overselect`) and the server step (`server-lr`)."""
+
+    max_epochs: int = 2  # default: twice local-epochs, so fast devices do more than FedAvg
     min_epochs: float = 0.5
     deadline_quantile: float = 0.9
     max_staleness: int = 3
@@ -81,84 +96,105 @@ class RunConfig:
     fairness_rounds: float = 5.0
     gateway_mbps: float = 0.0
     battery_reserve: float = 20.0
-    proximal_mu: float = 0.01  # strategy "fedprox": weight of the clients' proximal term
-    # Update validation (edgesched/validate.py) and the server step's combination of updates.
     update_norm_limit: float = 10.0  # x the recent median size per local step
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
-    checkpoint_dir: str | None = None  # gateway: checkpoint every round here; a restart with it resumes
-    out_dir: str | None = None  # gateway: write the run directory (model.npz, rounds.csv, ...) here
-    onnx_every_round: bool = False  # also write each round's global model as onnx/round-NNNN.onnx
 
     def __post_init__(self) -> None:
-        if self.dataset not in DATASETS:
-            raise ConfigError(f"dataset: unknown {self.dataset!r}; choose one of {', '.join(DATASETS)}")
-        if self.partitioner is not None and self.partitioner not in PARTITIONERS:
-            raise ConfigError(f"partitioner: unknown {self.partitioner!r}; choose one of {', '.join(PARTITIONERS)}")
-        _require(self.alpha > 0, "alpha", "must be > 0", self.alpha)
-        _require(self.clients is None or self.clients >= 1, "clients", "must be >= 1", self.clients)
-        _require(0 < self.fraction_train <= 1, "fraction-train", "must be in (0, 1]", self.fraction_train)
-        _require(self.local_epochs is None or self.local_epochs >= 1, "local-epochs", "must be >= 1",
-                 self.local_epochs)
-        for key in ("rounds", "batch_size"):
-            _require(getattr(self, key) >= 1, _kebab(key), "must be >= 1", getattr(self, key))
-        _require(self.lr > 0, "lr", "must be > 0", self.lr)
-        _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
-        _require(self.round_timeout > 0, "round-timeout", "must be > 0", self.round_timeout)
-        _require(self.client_cpus > 0, "client-cpus", "must be > 0", self.client_cpus)
-        _require(self.broker in ("embedded", "none") or self.broker.startswith(("mqtt://", "mqtts://")), "broker",
-                 "must be 'embedded', 'none' or an mqtt:// or mqtts:// URL", self.broker)
-        _require(self.heartbeat_interval > 0, "heartbeat-interval", "must be > 0", self.heartbeat_interval)
-        _require(self.strategy in STRATEGIES, "strategy", f"choose one of {', '.join(STRATEGIES)}", self.strategy)
-        _require(self.max_epochs is None or self.max_epochs >= 1, "max-epochs", "must be >= 1", self.max_epochs)
-        _require(0 < self.min_epochs <= (self.max_epochs or math.inf), "min-epochs", "must be in (0, max-epochs]",
-                 self.min_epochs)
+        _require(self.max_epochs >= 1, "max-epochs", "must be >= 1", self.max_epochs)
+        _require(0 < self.min_epochs <= self.max_epochs, "min-epochs", "must be in (0, max-epochs]", self.min_epochs)
         _require(0 < self.deadline_quantile <= 1, "deadline-quantile", "must be in (0, 1]", self.deadline_quantile)
         _require(self.max_staleness >= 0, "max-staleness", "must be >= 0", self.max_staleness)
         _require(self.staleness_exponent >= 0, "staleness-exponent", "must be >= 0", self.staleness_exponent)
-        _require(0 < self.min_deadline <= self.round_timeout, "min-deadline", "must be in (0, round-timeout]",
-                 self.min_deadline)
+        _require(self.min_deadline > 0, "min-deadline", "must be > 0", self.min_deadline)
         _require(self.max_overselect >= 1, "max-overselect", "must be >= 1", self.max_overselect)
         _require(0 < self.min_round_share <= 1, "min-round-share", "must be in (0, 1]", self.min_round_share)
         _require(self.server_lr > 0, "server-lr", "must be > 0", self.server_lr)
         _require(self.fairness_rounds > 0, "fairness-rounds", "must be > 0", self.fairness_rounds)
         _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)
         _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)
-        _require(self.proximal_mu >= 0, "proximal-mu", "must be >= 0", self.proximal_mu)
         _require(self.update_norm_limit > 1, "update-norm-limit", "must be > 1", self.update_norm_limit)
         _require(self.large_update in LARGE_UPDATE, "large-update", f"must be one of {', '.join(LARGE_UPDATE)}",
                  self.large_update)
         _require(self.robust_aggregation in ROBUST, "robust-aggregation", f"must be one of {', '.join(ROBUST)}",
                  self.robust_aggregation)
 
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    broker: str = "embedded"  # "embedded" (loopback, port 1883), "none", or mqtt[s]://[user@]host:port
+    broker_ca_file: str | None = None  # the CA that signed an mqtts:// broker's certificate
+    fleet: str = "default"
+    heartbeat_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        _require(self.broker in ("embedded", "none") or self.broker.startswith(("mqtt://", "mqtts://")), "broker",
+                 "must be 'embedded', 'none' or an mqtt:// or mqtts:// URL", self.broker)
+        _require(self.heartbeat_interval > 0, "heartbeat-interval", "must be > 0", self.heartbeat_interval)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a federated run needs. Build it with `from_mapping`, which fills the defaults."""
+
+    strategy: str = "fedavg"
+    rounds: int = 20
+    seed: int = 0  # the split, sampling, initial weights and a virtual fleet's dynamics
+    fraction_train: float = 1.0  # share of clients whose update a round wants
+    round_timeout: float = 600.0
+    client_cpus: float = 1.0
+    checkpoint_dir: str | None = None  # gateway: checkpoint every round here; a restart with it resumes
+    out_dir: str | None = None  # gateway: write the run directory (model.npz, rounds.csv, ...) here
+    onnx_every_round: bool = False  # also write each round's global model as onnx/round-NNNN.onnx
+    data: DataSettings = field(default_factory=DataSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+
+    def __post_init__(self) -> None:
+        _require(self.strategy in STRATEGIES, "strategy", f"choose one of {', '.join(STRATEGIES)}", self.strategy)
+        _require(self.rounds >= 1, "rounds", "must be >= 1", self.rounds)
+        _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
+        _require(0 < self.fraction_train <= 1, "fraction-train", "must be in (0, 1]", self.fraction_train)
+        _require(self.round_timeout > 0, "round-timeout", "must be > 0", self.round_timeout)
+        _require(self.client_cpus > 0, "client-cpus", "must be > 0", self.client_cpus)
+        _require(self.scheduler.min_deadline <= self.round_timeout, "min-deadline", "must be in (0, round-timeout]",
+                 self.scheduler.min_deadline)
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Build from kebab-case keys, coercing numbers and refusing unknown keys by name."""
-        return cls(**_field_values(values))
+        """Build from kebab-case keys: coerced, checked, the data set's defaults where a key is missing."""
+        known = _all_fields()
+        given = {key: value for key, value in _coerced(values).items()
+                 if value is not None and not (value == "" and "None" in str(known[key].type))}
+        dataset = given.get("dataset", "fmnist")
+        _choice("dataset", dataset, DATASETS)
+        resolved = {**DATASET_DEFAULTS[dataset], **given}
+        resolved.setdefault("max-epochs", 2 * resolved["local-epochs"])
+        parts = {name: kind(**_fields_of(kind, resolved)) for name, kind in _PARTS.items()}
+        return cls(**_fields_of(cls, resolved), **parts)
 
     def with_keys(self, values: Mapping[str, Any]) -> RunConfig:
         """This config with some kebab-case keys changed, coerced and checked as in `from_mapping`."""
-        return dataclasses.replace(self, **_field_values(values))
-
-    def resolved(self) -> RunConfig:
-        """Fill the data-set defaults, so a saved config says exactly what ran."""
-        defaults = DATASET_DEFAULTS[self.dataset]
-        return dataclasses.replace(
-            self,
-            data_dir=self.data_dir or (FMNIST_DIR if self.dataset == "fmnist" else None),
-            partitioner=self.partitioner or defaults["partitioner"],
-            clients=self.clients or defaults["clients"],
-            local_epochs=(local_epochs := self.local_epochs or defaults["local_epochs"]),
-            max_epochs=self.max_epochs or 2 * local_epochs,
-        )
+        return RunConfig.from_mapping({**self.to_mapping(), **values})
 
     def to_mapping(self) -> dict[str, Any]:
         """Kebab-case keys, `None` values left out: what Flower's run config accepts."""
-        return {_kebab(k): v for k, v in dataclasses.asdict(self).items() if v is not None}
+        flat = {**_own_fields(self), **{k: v for part in self._parts() for k, v in _own_fields(part).items()}}
+        return {_kebab(k): v for k, v in flat.items() if v is not None}
+
+    def _parts(self) -> tuple[DataSettings, TrainingSettings, SchedulerSettings, TelemetrySettings]:
+        return self.data, self.training, self.scheduler, self.telemetry
 
     @property
     def clients_per_round(self) -> int:
-        return max(1, round(self.fraction_train * (self.clients or 1)))
+        return max(1, round(self.fraction_train * self.data.clients))
+
+
+_PARTS: dict[str, type] = {"data": DataSettings, "training": TrainingSettings, "scheduler": SchedulerSettings,
+                           "telemetry": TelemetrySettings}
+# The adaptive scheduler's settings: what `edgesched simulate --scheduler` may change.
+SCHEDULER_KEYS = tuple(f.name.replace("_", "-") for f in fields(SchedulerSettings))
 
 
 def _kebab(name: str) -> str:
@@ -170,15 +206,35 @@ def _require(ok: bool, key: str, rule: str, value: Any) -> None:
         raise ConfigError(f"{key}: {rule}, got {value!r}")
 
 
-def _field_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Kebab-case keys to RunConfig's field names and types; an unknown key is refused by name."""
-    known = {_kebab(f.name): f for f in fields(RunConfig)}
-    kwargs = {}
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: unknown {value!r}; choose one of {', '.join(choices)}")
+
+
+def _own_fields(obj: Any) -> dict[str, Any]:
+    """A settings object's own values (a RunConfig's without its parts)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj) if f.name not in _PARTS}
+
+
+def _fields_of(kind: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The values among kebab-case `values` that are fields of `kind` (its parts aside), by field name."""
+    return {f.name: values[_kebab(f.name)] for f in fields(kind) if f.name not in _PARTS and _kebab(f.name) in values}
+
+
+def _all_fields() -> dict[str, dataclasses.Field[Any]]:
+    """Every kebab-case key a run config has, with the field it sets."""
+    return {_kebab(f.name): f for kind in (RunConfig, *_PARTS.values()) for f in fields(kind) if f.name not in _PARTS}
+
+
+def _coerced(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Kebab-case keys to their fields' types; an unknown key is refused by name."""
+    known = _all_fields()
+    out = {}
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(known))}")
-        kwargs[known[key].name] = _coerce(key, value, known[key].type)
-    return kwargs
+        out[key] = _coerce(key, value, str(known[key].type))
+    return out
 
 
 def parse_scheduler_keys(text: str) -> dict[str, str]:
@@ -215,7 +271,10 @@ def _coerce(key: str, value: Any, annotation: str) -> Any:
         if kind == "float":
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            result = float(value)
+            if not math.isfinite(result):
+                raise ValueError
+            return result
         return str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{key}: expected {kind}, got {value!r}") from None

@@ -27,7 +27,7 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = RunConfig.from_mapping(context.run_config).resolved()
+    cfg = RunConfig.from_mapping(context.run_config)
     check_strategy(cfg)
     saved = checkpoint.saved_run(cfg)
     recorder = None
@@ -41,11 +41,12 @@ def main(grid: Grid, context: Context) -> None:
         if recorder is not None:
             recorder.on_round(record, jobs, model)
 
-    with open_telemetry(cfg) as telemetry:
+    with open_telemetry(cfg.telemetry) as telemetry:
         result = run_gateway(grid, cfg, on_round, telemetry, recorder)
     if recorder is not None:
         recorder.write_decisions(result.decisions)
-        recorder.finish(result.weights, {"dataset": cfg.dataset, "clients": cfg.clients, "strategy": cfg.strategy})
+        recorder.finish(result.weights, {"dataset": cfg.data.dataset, "clients": cfg.data.clients,
+                                         "strategy": cfg.strategy})
         log.info("results in %s", cfg.out_dir)
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 from edgesched.broker import EmbeddedBroker
-from edgesched.config import RunConfig
+from edgesched.config import TelemetrySettings
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.mqtt import BrokerURL, RegistryListener
 
@@ -16,7 +16,7 @@ CONNECT_TIMEOUT = 15.0
 
 
 @contextmanager
-def open_telemetry(cfg: RunConfig) -> Iterator[RegistryListener | None]:
+def open_telemetry(cfg: TelemetrySettings) -> Iterator[RegistryListener | None]:
     """Yield a connected listener for `cfg.broker`, or None when the run has no telemetry.
 
     An mqtts:// broker is checked against `broker-ca-file`; the user name comes in the URL

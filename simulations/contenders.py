@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -47,9 +46,9 @@ DEADLINE_OVERSELECT = 1.3
 # Each ablation turns one mechanism off; without equal-finish work every device trains FedAvg's
 # local epochs, however fast or slow it is.
 ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
-    "edgesched-no-staleness": lambda cfg: {"max_staleness": 0},
-    "edgesched-no-equal-finish": lambda cfg: {"min_epochs": float(cfg.local_epochs or 1),
-                                              "max_epochs": cfg.local_epochs},
+    "edgesched-no-staleness": lambda cfg: {"max-staleness": 0},
+    "edgesched-no-equal-finish": lambda cfg: {"min-epochs": float(cfg.training.local_epochs),
+                                              "max-epochs": cfg.training.local_epochs},
 }
 
 
@@ -58,8 +57,8 @@ def evaluator(cfg: RunConfig) -> tuple[Weights, Evaluate]:
     from edgesched.models import build_model
     from edgesched.training import scorer
 
-    test = data.load(cfg.dataset, cfg.data_dir)
-    model = build_model(cfg.dataset, cfg.seed)
+    test = data.load(cfg.data.dataset, cfg.data.data_dir)
+    model = build_model(cfg.data.dataset, cfg.seed)
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, scorer(model, test.x_test,
                                                                                           test.y_test)
 
@@ -72,7 +71,7 @@ def make_policy(cfg: RunConfig, fleet: VirtualFleet, sizes: list[int], clock: Vi
         return policies.fedavg(cfg, per_round, nominal_deadline(fleet, sizes, cfg), flower_sum=True)
     if strategy == "fedbuff":
         return policies.fedbuff(cfg)
-    cfg = dataclasses.replace(cfg, **ABLATIONS[strategy](cfg) if strategy in ABLATIONS else {})
+    cfg = cfg.with_keys(ABLATIONS[strategy](cfg) if strategy in ABLATIONS else {})
     if strategy == "oracle":
         foresight = Foresight(fleet, sizes, clock.now)
         battery_reserve = policies.scheduler_config(cfg).battery_reserve
@@ -96,7 +95,7 @@ def summary_extra(cfg: RunConfig, policy: policies.Policy, fleet: VirtualFleet, 
 
 def nominal_deadline(fleet: VirtualFleet, sizes: list[int], cfg: RunConfig, quantile: float = 0.9) -> float:
     """The quantile of the devices' nominal job times (one job's epochs of their data)."""
-    epochs = cfg.local_epochs or 1
+    epochs = cfg.training.local_epochs
     return float(np.quantile([fleet.nominal_job_s(i, epochs * n) for i, n in enumerate(sizes)], quantile))
 
 
@@ -126,8 +125,9 @@ def run_flower(face: FlowerGridFace, cfg: RunConfig, weights: Weights, evaluate:
     # The grid offers exactly the round's devices; the strategy takes them all.
     n = cfg.clients_per_round
     common = {"fraction_train": 1.0, "fraction_evaluate": 0.0, "min_train_nodes": n, "min_available_nodes": n}
-    strategy = FedProx(proximal_mu=cfg.proximal_mu, **common) if cfg.strategy == "fedprox" else FedAvg(**common)
+    strategy = FedProx(proximal_mu=cfg.training.proximal_mu, **common) if cfg.strategy == "fedprox" \
+        else FedAvg(**common)
     initial = model_record(list(weights), list(weights.values()))
     result = strategy.start(grid=face, initial_arrays=initial, num_rounds=cfg.rounds, timeout=cfg.round_timeout,
-                            train_config=ConfigRecord({"lr": cfg.lr}), evaluate_fn=evaluate_fn)
+                            train_config=ConfigRecord({"lr": cfg.training.lr}), evaluate_fn=evaluate_fn)
     return {k: v.numpy() for k, v in result.arrays.to_torch_state_dict().items()}

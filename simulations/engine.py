@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     """Run `cfg` (already resolved) and return the summary written to `out_dir`."""
-    data.load(cfg.dataset, cfg.data_dir)  # fail fast on missing data, before Ray starts
+    data.load(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
     recorder = RunRecorder(out_dir, cfg.to_mapping())
     from edgesched.flower.run import RunResult, run_on_grid
 
@@ -45,11 +45,11 @@ def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
         def main(grid: Grid, context: Context) -> None:
             results.append(run_on_grid(grid, cfg, on_round))
 
-        run_engine(main, cfg, num_nodes=cfg.clients or 1)
+        run_engine(main, cfg, num_nodes=cfg.data.clients)
     if not results:
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
-    extra = {"seconds": round(time.monotonic() - started, 2), "dataset": cfg.dataset, "clients": cfg.clients,
-             "strategy": cfg.strategy, **model_size(cfg.dataset)}
+    extra = {"seconds": round(time.monotonic() - started, 2), "dataset": cfg.data.dataset, "clients": cfg.data.clients,
+             "strategy": cfg.strategy, **model_size(cfg.data.dataset)}
     if cfg.strategy == "edgesched":
         recorder.write_decisions(results[0].decisions)
         extra["prediction_error"] = prediction_error(results[0].decisions, after_round=5)

@@ -63,14 +63,9 @@ class FleetSpec:
                        scheduler: Mapping[str, str] | None = None) -> FleetSpec:
         """The same fleet with CLI overrides applied (None keeps the file's value); `scheduler`
         holds kebab-case scheduler settings (`--scheduler`)."""
-        run = dataclasses.replace(
-            self.run,
-            seed=self.run.seed if seed is None else seed,
-            rounds=rounds or self.run.rounds,
-            data_dir=data_dir or self.run.data_dir,
-            strategy=strategy or self.run.strategy,
-            onnx_every_round=onnx_every_round or self.run.onnx_every_round,
-        ).with_keys(scheduler or {})
+        given = {"seed": seed, "rounds": rounds, "data-dir": data_dir, "strategy": strategy,
+                 "onnx-every-round": onnx_every_round or None}
+        run = self.run.with_keys({**{k: v for k, v in given.items() if v is not None}, **(scheduler or {})})
         dynamics = dataclasses.replace(
             self.dynamics,
             dropout=self.dynamics.dropout if dropout is None else dropout,
@@ -121,21 +116,21 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
                       rule=f"must be between 1 and the fleet's {size} devices")
     seed = r.get(raw, "seed", int, 0, check=lambda v: v >= 0, rule="must be >= 0")
     try:
-        run = RunConfig(
-            dataset=r.get(data, "dataset", str, prefix="data."),
-            data_dir=r.get(data, "data_dir", str, None, prefix="data."),
-            partitioner=r.get(data, "partitioner", str, None, prefix="data."),
-            alpha=r.get(data, "alpha", float, 0.3, prefix="data."),
-            clients=size,
-            fraction_train=per_round / size,
-            rounds=r.get(training, "rounds", int, prefix="training."),
-            local_epochs=r.get(training, "local_epochs", int, None, prefix="training."),
-            batch_size=r.get(training, "batch_size", int, 32, prefix="training."),
-            lr=r.get(training, "lr", float, 0.02, prefix="training."),
-            round_timeout=r.get(training, "round_timeout_s", float, prefix="training."),
-            seed=seed,
-            broker="none",
-        ).resolved()
+        run = RunConfig.from_mapping({
+            "dataset": r.get(data, "dataset", str, prefix="data."),
+            "data-dir": r.get(data, "data_dir", str, None, prefix="data."),
+            "partitioner": r.get(data, "partitioner", str, None, prefix="data."),
+            "alpha": r.get(data, "alpha", float, 0.3, prefix="data."),
+            "clients": size,
+            "fraction-train": per_round / size,
+            "rounds": r.get(training, "rounds", int, prefix="training."),
+            "local-epochs": r.get(training, "local_epochs", int, None, prefix="training."),
+            "batch-size": r.get(training, "batch_size", int, 32, prefix="training."),
+            "lr": r.get(training, "lr", float, 0.02, prefix="training."),
+            "round-timeout": r.get(training, "round_timeout_s", float, prefix="training."),
+            "seed": seed,
+            "broker": "none",
+        })
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     dynamics = Dynamics(

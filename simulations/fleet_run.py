@@ -56,10 +56,10 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
     """
     cfg = spec.run
     strategy = cfg.strategy
-    dataset = data.load(cfg.dataset, cfg.data_dir)  # fail fast on missing data, before Ray starts
-    sizes = [len(p) for p in partition.partition(dataset.y_train, dataset.groups, cfg.partitioner or "iid",
-                                                 spec.size, cfg.alpha, cfg.seed)]
-    size = model_size(cfg.dataset)
+    dataset = data.load(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
+    sizes = [len(p) for p in partition.partition(dataset.y_train, dataset.groups, cfg.data.partitioner,
+                                                 spec.size, cfg.data.alpha, cfg.seed)]
+    size = model_size(cfg.data.dataset)
     config = {**cfg.to_mapping(), "fleet": spec.name, "fleet-file": str(spec.path), "strategy": strategy,
               "dropout": spec.dynamics.dropout, "target-accuracy": spec.target_accuracy, "telemetry": broker}
     state: dict[str, Any] = {}
@@ -133,7 +133,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
     reached = next((r.virtual_seconds for r in recorder.rounds if r.accuracy >= spec.target_accuracy), None)
     summary = recorder.finish(state["weights"], {
-        "seconds": round(time.monotonic() - started, 2), "dataset": cfg.dataset, "clients": spec.size,
+        "seconds": round(time.monotonic() - started, 2), "dataset": cfg.data.dataset, "clients": spec.size,
         "fleet": spec.name, "strategy": strategy,
         "virtual_seconds": recorder.rounds[-1].virtual_seconds if recorder.rounds else 0.0,
         "target_accuracy": spec.target_accuracy, "time_to_target_s": reached,

@@ -185,9 +185,9 @@ class VirtualTransport:
         full = int(config["local-epochs"]) * n
         if "max-steps" not in config:
             return full
-        per_epoch = -(-n // self.cfg.batch_size)
+        per_epoch = -(-n // self.cfg.training.batch_size)
         whole, rest = divmod(int(config["max-steps"]), per_epoch)
-        return min(full, whole * n + rest * self.cfg.batch_size)
+        return min(full, whole * n + rest * self.cfg.training.batch_size)
 
     def _await_real(self, real_id: str) -> Message:
         while real_id not in self._real:

@@ -25,7 +25,6 @@ from types import MappingProxyType
 
 from edgesched.core.telemetry import Capabilities, Heartbeat, Status, TelemetryError, parse_topic
 
-
 MESSAGES: dict[str, type[Heartbeat] | type[Status] | type[Capabilities]] = {
     "heartbeat": Heartbeat, "status": Status, "capabilities": Capabilities}
 

@@ -25,15 +25,15 @@ def job_config(cfg: RunConfig, server_round: int, partition_id: int) -> dict[str
     return {
         "server-round": server_round,
         "partition-id": partition_id,
-        "num-partitions": cfg.clients or 1,
-        "dataset": cfg.dataset,
-        "data-dir": cfg.data_dir or "",
-        "partitioner": cfg.partitioner or "",
-        "alpha": cfg.alpha,
+        "num-partitions": cfg.data.clients,
+        "dataset": cfg.data.dataset,
+        "data-dir": cfg.data.data_dir or "",
+        "partitioner": cfg.data.partitioner,
+        "alpha": cfg.data.alpha,
         "seed": cfg.seed,
-        "local-epochs": cfg.local_epochs,
-        "batch-size": cfg.batch_size,
-        "lr": cfg.lr,
+        "local-epochs": cfg.training.local_epochs,
+        "batch-size": cfg.training.batch_size,
+        "lr": cfg.training.lr,
     }
 
 
@@ -52,7 +52,7 @@ def train_message(arrays: ArrayRecord, config: dict[str, int | float | str], nod
                    message_type=MessageType.TRAIN, group_id=str(step))
 
 
-def decode_reply(reply: Message, job_id: str, max_bytes: int) -> Reply:
+def decode_reply(reply: Message, job_id: str, max_bytes: float) -> Reply:
     """A ClientApp's reply as the engine takes it. One carrying more tensor bytes than `max_bytes`
     is refused before its tensors are decoded; figures that are missing or not finite numbers
     leave `metrics` None."""

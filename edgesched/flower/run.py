@@ -76,19 +76,19 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
     from edgesched.training import scorer
 
     check_strategy(cfg)
-    ds = data.load(cfg.dataset, cfg.data_dir)
-    sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.partitioner or "iid", cfg.clients or 1,
-                                                 cfg.alpha, cfg.seed)]
-    model = build_model(cfg.dataset, cfg.seed)
-    wait_for_nodes(grid, 1 if resume else cfg.clients or 1)  # a resumed run goes on with whoever is there
-    fleet = FlowerFleet(grid, telemetry, sizes, cfg.dataset, resume and resume.fleet)
+    ds = data.load(cfg.data.dataset, cfg.data.data_dir)
+    sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.data.partitioner, cfg.data.clients,
+                                                 cfg.data.alpha, cfg.seed)]
+    model = build_model(cfg.data.dataset, cfg.seed)
+    wait_for_nodes(grid, 1 if resume else cfg.data.clients)  # a resumed run goes on with whoever is there
+    fleet = FlowerFleet(grid, telemetry, sizes, cfg.data.dataset, resume.fleet if resume else None)
     if resume is not None:
         log.info("resuming after round %d of %d", resume.state.step, cfg.rounds)
         state, policy = resume.state, resume.policy
     else:
         state = EngineState.start({k: v.detach().numpy().copy() for k, v in model.state_dict().items()})
         policy = policies.fedavg(cfg) if cfg.strategy == "fedavg" else \
-            policies.edgesched(cfg, Predictor(4 * model_size(cfg.dataset)["model_parameters"]))
+            policies.edgesched(cfg, Predictor(4 * model_size(cfg.data.dataset)["model_parameters"]))
     started = time.monotonic()
     checkpoint = (lambda s: save(Saved(s, policy, fleet.memory))) if save is not None else None
     engine = Engine(policy, FlowerTransport(grid, cfg, fleet, state.keys), WallClock(), fleet,

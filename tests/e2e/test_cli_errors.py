@@ -100,7 +100,7 @@ def test_fleet_bad_input_is_one_clear_line(args, says):
     ("setup", "extra", "says"),
     [
         ("missing", [], "no run directory"),
-        ("empty", [], "no checkpoint (only the adaptive scheduler's strategies write one"),
+        ("empty", [], "no checkpoint (Flower's own strategies, fedavg and fedprox, write none"),
         ("finished", [], "holds a finished run: nothing to resume"),
         ("garbage", [], "checkpoint.pkl: not a readable checkpoint"),
         ("empty", ["--seed", "3"], "--resume continues the run with its own settings; drop --seed"),

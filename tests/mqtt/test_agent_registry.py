@@ -177,12 +177,12 @@ def test_tls_with_a_test_ca(mosquitto_factory, listen, agents, tmp_path):
 
 
 def test_gateway_telemetry_opens_from_the_run_config(broker, agents):
-    from edgesched.config import RunConfig
+    from edgesched.config import TelemetrySettings
     from edgesched.server.telemetry import open_telemetry
 
-    with open_telemetry(RunConfig(broker="none")) as none:
+    with open_telemetry(TelemetrySettings(broker="none")) as none:
         assert none is None
-    with open_telemetry(RunConfig(broker=broker.url, fleet="lab", heartbeat_interval=0.3)) as listener:
+    with open_telemetry(TelemetrySettings(broker=broker.url, fleet="lab", heartbeat_interval=0.3)) as listener:
         agents(broker.url, "pi-lab", "--fleet", "lab")
         wait_until(_online_with_beats(listener, "pi-lab"), 15, "pi-lab online in fleet lab")
 
@@ -190,15 +190,15 @@ def test_gateway_telemetry_opens_from_the_run_config(broker, agents):
 def test_the_gateway_default_is_the_embedded_broker_on_loopback(agents):
     import socket
 
-    from edgesched.config import RunConfig
+    from edgesched.config import TelemetrySettings
     from edgesched.server.telemetry import EMBEDDED_PORT, open_telemetry
 
     try:
         socket.create_server(("127.0.0.1", EMBEDDED_PORT)).close()
     except OSError:
         pytest.skip(f"port {EMBEDDED_PORT} is in use on this machine")
-    assert RunConfig().broker == "embedded"
-    with open_telemetry(RunConfig(heartbeat_interval=0.3)) as listener:
+    assert TelemetrySettings().broker == "embedded"
+    with open_telemetry(TelemetrySettings(heartbeat_interval=0.3)) as listener:
         agents(f"mqtt://127.0.0.1:{EMBEDDED_PORT}", "pi-default")
         wait_until(_online_with_beats(listener, "pi-default"), 15, "pi-default online via the embedded broker")
 

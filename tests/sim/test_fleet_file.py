@@ -25,7 +25,7 @@ network = "wifi"
                                            ("hapt-30", 30)])
 def test_shipped_fleets_load(name, size):
     fleet = load_fleet(name)
-    assert fleet.size == size and fleet.run.clients == size
+    assert fleet.size == size and fleet.run.data.clients == size
     assert 0 < fleet.target_accuracy <= 1
     boards = {g.board for g in fleet.groups}
     if name.startswith("lab"):

@@ -70,7 +70,7 @@ def run(tmp_path, dropout: float, bus=None, rounds: int = 8):
     spec = load_fleet(str(path)).with_overrides(rounds=rounds, strategy="edgesched")
     cfg = spec.run
     ds = data.load("digits")
-    sizes = [len(p) for p in partition.partition(ds.y_train, None, "iid", spec.size, cfg.alpha, cfg.seed)]
+    sizes = [len(p) for p in partition.partition(ds.y_train, None, "iid", spec.size, cfg.data.alpha, cfg.seed)]
     size = model_size("digits")
     fleet = VirtualFleet(spec, load_catalog(), size["model_macs_per_sample"], 4 * size["model_parameters"])
     registry = DeviceRegistry(RegistryConfig(fleet=spec.name, heartbeat_interval=spec.dynamics.heartbeat_s))

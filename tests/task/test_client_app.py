@@ -25,7 +25,7 @@ def state_dir(tmp_path, monkeypatch):
 
 
 def _call(message_type: str, partition_id: int, node_config: dict):
-    cfg = RunConfig(dataset="digits", clients=5, local_epochs=2).resolved()
+    cfg = RunConfig.from_mapping({"dataset": "digits", "clients": 5, "local-epochs": 2})
     metadata = Metadata(
         run_id=1, message_id="m1", src_node_id=1, dst_node_id=7, reply_to_message_id="", group_id="1",
         created_at=time.time(), ttl=60, message_type=message_type,

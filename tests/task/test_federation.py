@@ -6,7 +6,6 @@ it), so this checks per-client ConfigRecords and the device-id <-> node-id link 
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 import time
 
@@ -61,12 +60,12 @@ NODE_CONFIGS = {node: {"device-id": device} for node, device in NODES.items()}
 
 def adaptive(rounds: int, **over) -> RunConfig:
     """The adaptive scheduler on three digits clients; a round ends as soon as its jobs are in."""
-    return RunConfig(dataset="digits", clients=3, rounds=rounds, lr=0.05, strategy="edgesched", min_deadline=0.01,
-                     **over).resolved()
+    return RunConfig.from_mapping({"dataset": "digits", "clients": 3, "rounds": rounds, "lr": 0.05,
+                                   "strategy": "edgesched", "min-deadline": 0.01, **over})
 
 
 def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path):
-    cfg = RunConfig(dataset="digits", clients=3, rounds=2, local_epochs=3, lr=0.05).resolved()
+    cfg = RunConfig.from_mapping({"dataset": "digits", "clients": 3, "rounds": 2, "local-epochs": 3, "lr": 0.05})
     grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
     result = run_on_grid(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
@@ -90,7 +89,7 @@ def test_each_node_gets_its_own_job_and_device_ids_are_linked(tmp_path):
 
 
 def test_the_adaptive_scheduler_runs_over_flower_push_and_pull():
-    cfg = adaptive(rounds=4, max_epochs=5)
+    cfg = adaptive(rounds=4, **{"max-epochs": 5})
     grid = LocalGrid(NODE_CONFIGS)
     telemetry, rounds = RecordingTelemetry(), []
     result = run_on_grid(grid, cfg, lambda record, jobs, model: rounds.append((record, jobs)), telemetry)
@@ -181,11 +180,11 @@ def cut_at_round_3(record, jobs, model):
 
 
 def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
-    cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))  # made when first needed
+    cfg = adaptive(rounds=4, **{"checkpoint-dir": str(tmp_path / "checkpoints")})  # made when first needed
     with pytest.raises(PowerCut):
         run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
     with pytest.raises(ConfigError, match="holds a checkpoint of another run"):
-        run_gateway(LocalGrid(NODE_CONFIGS), dataclasses.replace(cfg, lr=0.1), cut_at_round_3)
+        run_gateway(LocalGrid(NODE_CONFIGS), cfg.with_keys({"lr": 0.1}), cut_at_round_3)
     rounds = []
     result = run_gateway(LocalGrid(NODE_CONFIGS), cfg, lambda record, *_: rounds.append(record))
     assert [r.round for r in rounds] == [3, 4]  # round 2's checkpoint was the last one written
@@ -198,7 +197,7 @@ def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
 @pytest.mark.parametrize("format_field", ["older", "absent"])
 def test_a_gateway_checkpoint_of_another_format_is_a_clear_error(tmp_path, format_field):
     """A gateway upgraded mid-run must not go on from classes pickled by another version."""
-    cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path))
+    cfg = adaptive(rounds=4, **{"checkpoint-dir": str(tmp_path)})
     with pytest.raises(PowerCut):
         run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
     path = tmp_path / CHECKPOINT
@@ -229,7 +228,7 @@ class DeadNodeGrid(LocalGrid):
 def test_a_restarted_gateway_knows_the_node_of_a_board_that_died_meanwhile(tmp_path, will):
     """Which node the board was, the dead node cannot answer, so the checkpoint must remember it.
     Its Last Will, if the broker kept it, says it is offline; if not, it is never heard again."""
-    cfg = adaptive(rounds=4, checkpoint_dir=str(tmp_path / "checkpoints"))
+    cfg = adaptive(rounds=4, **{"checkpoint-dir": str(tmp_path / "checkpoints")})
     with pytest.raises(PowerCut):
         run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3, RecordingTelemetry())
     telemetry = RecordingTelemetry(alive=["pi4-a", "pi5-b"])  # the restarted gateway's registry

@@ -41,7 +41,7 @@ def test_onnxruntime_scores_the_export_as_torch_scores_the_model(dataset):
 
 
 def test_the_client_app_can_evaluate_with_onnxruntime():
-    cfg = RunConfig(dataset="digits", clients=5).resolved()
+    cfg = RunConfig.from_mapping({"dataset": "digits", "clients": 5})
     model = _trained("digits", *(lambda d: (d.x_train, d.y_train))(data.load("digits")))
     results = {}
     for runtime in ("torch", "onnxruntime"):

@@ -32,26 +32,27 @@ def fedavg(cfg: RunConfig, per_round: int | None = None, timeout: float | None =
 
 def fedbuff(cfg: RunConfig) -> FedBuff:
     k = cfg.clients_per_round
-    return FedBuff(k, math.ceil(k * cfg.max_overselect), cfg.staleness_exponent, cfg.server_lr, cfg.round_timeout,
+    s = cfg.scheduler
+    return FedBuff(k, math.ceil(k * s.max_overselect), s.staleness_exponent, s.server_lr, cfg.round_timeout,
                    np.random.default_rng(cfg.seed))
 
 
 def edgesched(cfg: RunConfig, predictor: Predictor, risk: DropoutModel | None = None) -> EdgeschedPolicy:
     scheduler = Scheduler(scheduler_config(cfg), predictor, risk)
-    return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.min_round_share)
+    return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share)
 
 
 def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
-    """The scheduler's settings from the run config's kebab-case knobs."""
-    cfg = cfg.resolved()
+    """What the adaptive scheduler's parts are given, from the run's settings."""
+    s = cfg.scheduler
     plan = PlanConfig(
-        target_updates=cfg.clients_per_round, batch_size=cfg.batch_size, max_overselect=cfg.max_overselect,
-        min_epochs=cfg.min_epochs, max_epochs=cfg.max_epochs or 1, deadline_quantile=cfg.deadline_quantile,
-        deadline_epochs=float(cfg.local_epochs or 1),
-        min_deadline_s=cfg.min_deadline, max_deadline_s=cfg.round_timeout, max_staleness=cfg.max_staleness,
-        staleness_exponent=cfg.staleness_exponent, fairness_rounds=cfg.fairness_rounds,
-        gateway_bytes_per_s=cfg.gateway_mbps * 1e6 / 8 if cfg.gateway_mbps > 0 else math.inf,
+        target_updates=cfg.clients_per_round, batch_size=cfg.training.batch_size, max_overselect=s.max_overselect,
+        min_epochs=s.min_epochs, max_epochs=s.max_epochs, deadline_quantile=s.deadline_quantile,
+        deadline_epochs=float(cfg.training.local_epochs), min_deadline_s=s.min_deadline,
+        max_deadline_s=cfg.round_timeout, max_staleness=s.max_staleness, staleness_exponent=s.staleness_exponent,
+        fairness_rounds=s.fairness_rounds,
+        gateway_bytes_per_s=s.gateway_mbps * 1e6 / 8 if s.gateway_mbps > 0 else math.inf,
     )
-    guard = GuardConfig(norm_limit=cfg.update_norm_limit, on_large_norm=cfg.large_update)
-    return SchedulerConfig(plan=plan, server_lr=cfg.server_lr, battery_reserve=cfg.battery_reserve, guard=guard,
-                           robust=cfg.robust_aggregation)
+    guard = GuardConfig(norm_limit=s.update_norm_limit, on_large_norm=s.large_update)
+    return SchedulerConfig(plan=plan, server_lr=s.server_lr, battery_reserve=s.battery_reserve, guard=guard,
+                           robust=s.robust_aggregation)
