@@ -3,8 +3,9 @@
 Three causes, combined as independent:
 - the device's own record: a Beta posterior of lost jobs, shrunk toward the fleet's pooled
   rate so a device with two jobs is not judged on two coin flips;
-- churn: how often the registry saw it go offline per online hour, turned into the chance of
-  leaving within the job's predicted time (exponential);
+- churn: how often the registry saw it go offline per online hour, shrunk toward the fleet's
+  pooled rate (so one early departure after a minute online does not read as sixty an hour),
+  turned into the chance of leaving within the job's predicted time (exponential);
 - its state now: a battery below its reserve and not charging, a throttled board, a link
   whose round trip is long.
 """
@@ -20,6 +21,7 @@ from edgesched.core.telemetry import Heartbeat
 @dataclass(frozen=True)
 class RiskConfig:
     prior_strength: float = 4.0  # jobs' worth of weight the fleet-wide rate carries per device
+    prior_online_s: float = 3600.0  # online seconds' worth of weight the fleet's departure rate carries
     battery_reserve: float = 20.0  # percent below which an unplugged device is likely to stop
     slow_rtt_ms: float = 500.0
 
@@ -38,6 +40,8 @@ class DropoutModel:
     def __init__(self, config: RiskConfig | None = None) -> None:
         self.config = config or RiskConfig()
         self._records: dict[str, _Record] = {}
+        self._online_s = 0.0  # the fleet's, summed
+        self._departures = 0
 
     def _get(self, device: str) -> _Record:
         return self._records.setdefault(device, _Record())
@@ -46,9 +50,12 @@ class DropoutModel:
         """Feed the registry's view at `now`: online time and departures accumulate."""
         r = self._get(device)
         if r.was_online and r.seen_at is not None:
-            r.online_s += max(0.0, now - r.seen_at)
+            seconds = max(0.0, now - r.seen_at)
+            r.online_s += seconds
+            self._online_s += seconds
             if not online:
                 r.departures += 1
+                self._departures += 1
         r.was_online, r.seen_at = online, now
 
     def note_job(self, device: str, lost: bool) -> None:
@@ -67,7 +74,9 @@ class DropoutModel:
         r = self._get(device)
         base = fleet_rate if fleet_rate is not None else self.fleet_rate()
         p_job = (r.lost + c.prior_strength * base) / (r.jobs + c.prior_strength)
-        hazard = r.departures / r.online_s if r.online_s > 0 else 0.0
+        fleet_hazard = self._departures / self._online_s if self._online_s > 0 else 0.0
+        prior = c.prior_online_s
+        hazard = (r.departures + prior * fleet_hazard) / (r.online_s + prior)
         p_leave = 1.0 - math.exp(-hazard * job_seconds)
         p_state = 0.0
         if hb is not None:

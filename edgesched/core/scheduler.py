@@ -95,6 +95,7 @@ class Scheduler:
         self.round = 0
         self.log: list[Decision] = []
         self._planned: dict[str, Prediction] = {}  # the last plan's predictions, by device
+        self._online: set[str] = set()  # the devices online when the fleet was last observed
         self._buffer: list[tuple[str, str, Update]] = []  # (job id, device, update)
         self._last_round: dict[str, int] = {}
         self._loss: dict[str, float] = {}
@@ -104,6 +105,19 @@ class Scheduler:
         self.errors: list[float] = []  # |predicted/actual - 1| of this round's arrivals
 
     # -- planning ------------------------------------------------------------------------
+    def observe(self, views: Sequence[DeviceView], now: float) -> None:
+        """What the registry shows of the fleet now: which devices are online (their departures
+        per online hour are the churn in each one's risk) and each one's clock (a clock below the
+        highest it reported is throttling, which slows its next job)."""
+        online = {v.device for v in views}
+        for device in sorted(self._online - online):
+            self.risk.note_presence(device, False, now)
+        for v in views:
+            self.risk.note_presence(v.device, True, now)
+            if v.heartbeat is not None:
+                self.predictor.note_heartbeat(v.device, v.heartbeat)
+        self._online = online
+
     def candidates_wanted(self) -> int:
         """Free devices a round should start with: enough that, after the fleet's loss rate so
         far, the updates wanted still come back (over-selection needs someone to select)."""

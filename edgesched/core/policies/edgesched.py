@@ -54,6 +54,7 @@ class EdgeschedPolicy:
         if self._round_end is not None:
             return None
         views = fleet.views(now)
+        self.scheduler.observe(views, now)
         busy = {job.device for job in jobs.values()}
         free = sum(1 for v in views if v.device not in busy)
         wanted = self.scheduler.candidates_wanted()
