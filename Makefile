@@ -1,6 +1,6 @@
 # The two commands that do all set-up on a fresh machine:
 #   make simulate   - a federated simulation on real data (Fashion-MNIST) with the defaults
-#   make test       - lint and the full test suite
+#   make test       - lint, type-check the core, and the full test suite
 # Pass options through ARGS, e.g.  make simulate ARGS='--dataset digits --rounds 5'
 
 PYTHON ?= python3
@@ -16,6 +16,7 @@ simulate: setup data
 
 test: setup data mosquitto deploy-tools
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/pytest $(PYTEST_ARGS)
 
 setup: $(VENV)/.installed

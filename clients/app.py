@@ -21,8 +21,8 @@ from flwr.clientapp import ClientApp
 
 from edgesched import data, partition
 from edgesched.clients.job_report import state_dir, write_job_report
+from edgesched.files import atomic_write
 from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
-from edgesched.results import atomic_write
 
 if TYPE_CHECKING:
     from torch import nn

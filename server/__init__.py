@@ -1,1 +1,1 @@
-"""The gateway side: the Flower ServerApp and its round loop (installed as edgesched.server)."""
+"""The gateway side: the Flower ServerApp, its telemetry and its checkpoint (installed as edgesched.server)."""

@@ -17,7 +17,7 @@ from edgesched.config import RunConfig
 from edgesched.core.records import JobRecord, Model, RoundCallback, RoundRecord
 from edgesched.flower.run import RunResult, Saved, check_strategy, run_on_grid
 from edgesched.mqtt import RegistryListener
-from edgesched.results import RunRecorder
+from edgesched.rundir import RunRecorder
 from edgesched.server import checkpoint
 from edgesched.server.telemetry import open_telemetry
 

@@ -15,9 +15,9 @@ from edgesched.config import RunConfig
 from edgesched.core.engine import EngineState
 from edgesched.core.policies import Policy
 from edgesched.errors import ConfigError
+from edgesched.files import read_checkpoint, write_checkpoint
 from edgesched.flower.nodes import FleetMemory
 from edgesched.flower.run import Saved
-from edgesched.results import read_checkpoint, write_checkpoint
 
 CHECKPOINT = "gateway-checkpoint.pkl"
 CHECKPOINT_FORMAT = 2  # raised whenever a class the checkpoint pickles changes incompatibly

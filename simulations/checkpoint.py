@@ -28,7 +28,7 @@ from typing import Any
 from edgesched.core.engine import EngineState
 from edgesched.core.policies import Policy
 from edgesched.errors import ConfigError
-from edgesched.results import read_checkpoint, write_checkpoint
+from edgesched.files import read_checkpoint, write_checkpoint
 from edgesched.simulations.clock import VirtualClock
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.fleet import FleetSpec

@@ -28,11 +28,11 @@ import numpy as np
 from edgesched import data
 from edgesched.config import RunConfig
 from edgesched.core import policies
+from edgesched.core.decisions import prediction_error
 from edgesched.core.policies.edgesched import EdgeschedPolicy
 from edgesched.core.predict import Predictor, PredictorConfig
 from edgesched.core.records import RoundCallback, job_record, round_record
 from edgesched.flower.messages import decode_reply
-from edgesched.results import prediction_error
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.clock import VirtualClock
 from edgesched.simulations.devices import VirtualFleet

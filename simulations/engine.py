@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from edgesched import data
 from edgesched.config import RunConfig
+from edgesched.core.decisions import prediction_error
 from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.errors import EdgeschedError
 from edgesched.models import model_size
-from edgesched.results import RunRecorder, prediction_error
+from edgesched.rundir import RunRecorder
 from edgesched.simulations.progress import RoundProgress
 
 if TYPE_CHECKING:

@@ -26,8 +26,10 @@ from edgesched.core.engine import Engine, EngineState
 from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.errors import EdgeschedError
+from edgesched.files import open_log
 from edgesched.models import model_size
-from edgesched.results import RunRecorder, open_log, plot_accuracy
+from edgesched.plots import plot_accuracy, plot_timeline
+from edgesched.rundir import RunRecorder
 from edgesched.simulations import checkpoint
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.checkpoint import Checkpoint
@@ -40,7 +42,6 @@ from edgesched.simulations.grid_face import FlowerGridFace
 from edgesched.simulations.heartbeats import Bus, InProcessBus, MqttBus, RegistryFleetView, VirtualTelemetry
 from edgesched.simulations.in_process import run_in_process
 from edgesched.simulations.progress import RoundProgress
-from edgesched.simulations.timeline import plot_timeline
 from edgesched.simulations.transport import Executors, VirtualTransport
 
 IN_PROCESS = "in-process"
@@ -63,6 +64,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
     config = {**cfg.to_mapping(), "fleet": spec.name, "fleet-file": str(spec.path), "strategy": strategy,
               "dropout": spec.dynamics.dropout, "target-accuracy": spec.target_accuracy, "telemetry": broker}
     state: dict[str, Any] = {}
+    resumed_after = resume.state.step if resume else None  # the engine's state moves on as the run goes
     cost = {"checkpoint_seconds": 0.0, "checkpoint_bytes": 0}  # what checkpointing every round took
     if resume is None:
         fleet = VirtualFleet(spec, load_catalog(), size["model_macs_per_sample"], 4 * size["model_parameters"])
@@ -79,7 +81,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
             telemetry.bus = bus
         events_at = resume.logs["events.jsonl"] if resume else None
         with open_log(out_dir / "events.jsonl", events_at) as events, \
-                RoundProgress(cfg.rounds, done=resume.state.step if resume else 0) as progress:
+                RoundProgress(cfg.rounds, done=resumed_after or 0) as progress:
 
             def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
                 recorder.on_round(record, jobs, model)
@@ -140,7 +142,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
         "device_seconds": round(state["transport"].device_seconds, 3),
         "bytes_down": state["transport"].bytes_down, "bytes_up": state["transport"].bytes_up,
         "telemetry_dropped": dict(registry.dropped), **state.get("extra", {}), **size,
-        **({"resumed_after_round": resume.state.step} if resume else {}),
+        **({"resumed_after_round": resumed_after} if resume else {}),
         **({"checkpoint_seconds": round(cost["checkpoint_seconds"], 3),
             "last_checkpoint_bytes": cost["checkpoint_bytes"]} if strategy not in FLOWER else {}),
     })

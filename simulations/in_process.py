@@ -2,10 +2,10 @@
 
 Ray takes 10-20 s to start and a worker process per core; a virtual fleet's run of a round
 or two, a debugging session (plain tracebacks, one process) or a CI job spends most of its
-time waiting for it. The virtual grid times every job on the virtual clock and sends the
-real work to a few executor nodes in a fixed order, so the engine that trains it changes
-neither the results nor the bytes, only how long the run takes on the wall clock (one core
-here against all of them under Ray).
+time waiting for it. The virtual transport times every job on the virtual clock and sends the
+real work to a few executor nodes in a fixed order, so what trains it changes neither the
+results nor the bytes, only how long the run takes on the wall clock (one core here against
+all of them under Ray).
 """
 
 from __future__ import annotations

@@ -7,8 +7,11 @@ the line, `decision_from_json` reads one back. The fields are described in docs/
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -154,3 +157,10 @@ def decision_from_json(line: str) -> Decision:
             fields = {k: v for k, v in data.items() if k != "kind" and k not in cls.FIXED}
             return cls(**fields)
     raise ValueError(f"not a decision record: {line[:80]}")
+
+
+def prediction_error(log: Sequence[Decision], after_round: int = 0) -> dict[str, Any]:
+    """Median absolute % error of predicted vs actual job time, over on-time arrivals after a round."""
+    errors = [abs(e.error) for e in log if isinstance(e, Arrived) and e.staleness == 0 and e.round > after_round]
+    return {"after_round": after_round, "jobs": len(errors),
+            "median_abs_pct": round(100 * float(np.median(errors)), 2) if errors else None}

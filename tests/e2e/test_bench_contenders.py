@@ -6,16 +6,22 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from benchmarks.contenders import accuracy_at, collect, merge, row, table, write_docs
 from edgesched.config import STRATEGIES
 
+ROOT = Path(__file__).resolve().parents[2]
 
+
+@pytest.mark.slow
 def test_quick_mode_runs_every_contender_on_the_same_fleet(tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     done = subprocess.run([sys.executable, "-m", "benchmarks.contenders", "--quick", "--jobs", "2",
                            "--engine", "in-process",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "results.json").read_text())
     assert [r["strategy"] for r in rows] == list(STRATEGIES)
