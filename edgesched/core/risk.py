@@ -3,9 +3,9 @@
 Three causes, combined as independent:
 - the device's own record: a Beta posterior of lost jobs, shrunk toward the fleet's pooled
   rate so a device with two jobs is not judged on two coin flips;
-- churn: how often the registry saw it go offline per online hour, shrunk toward the fleet's
-  pooled rate (so one early departure after a minute online does not read as sixty an hour),
-  turned into the chance of leaving within the job's predicted time (exponential);
+- churn: how often the registry saw it go offline between jobs, per online hour, shrunk toward
+  the fleet's pooled rate (so one early departure after a minute online does not read as sixty
+  an hour), turned into the chance of leaving within the job's predicted time (exponential);
 - its state now: a battery below its reserve and not charging, a throttled board, a link
   whose round trip is long.
 """
@@ -46,17 +46,20 @@ class DropoutModel:
     def _get(self, device: str) -> _Record:
         return self._records.setdefault(device, _Record())
 
-    def note_presence(self, device: str, online: bool, now: float) -> None:
-        """Feed the registry's view at `now`: online time and departures accumulate."""
+    def note_presence(self, device: str, online: bool, now: float, busy: bool = False) -> None:
+        """Feed the registry's view at `now`: time online between jobs and departures accumulate.
+
+        A device busy with a job is not watched: if it leaves, that is its job's loss, counted
+        by `note_job`; so each departure counts once, and churn is the leaving between jobs."""
         r = self._get(device)
         if r.was_online and r.seen_at is not None:
             seconds = max(0.0, now - r.seen_at)
             r.online_s += seconds
             self._online_s += seconds
-            if not online:
+            if not online and not busy:
                 r.departures += 1
                 self._departures += 1
-        r.was_online, r.seen_at = online, now
+        r.was_online, r.seen_at = online, None if busy else now
 
     def note_job(self, device: str, lost: bool) -> None:
         r = self._get(device)

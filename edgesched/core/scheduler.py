@@ -105,15 +105,16 @@ class Scheduler:
         self.errors: list[float] = []  # |predicted/actual - 1| of this round's arrivals
 
     # -- planning ------------------------------------------------------------------------
-    def observe(self, views: Sequence[DeviceView], now: float) -> None:
+    def observe(self, views: Sequence[DeviceView], now: float, busy: Set[str] = frozenset()) -> None:
         """What the registry shows of the fleet now: which devices are online (their departures
-        per online hour are the churn in each one's risk) and each one's clock (a clock below the
-        highest it reported is throttling, which slows its next job)."""
+        between jobs, per online hour, are the churn in each one's risk; `busy`: devices with a job
+        in flight) and each one's clock (a clock below the highest it reported is throttling,
+        which slows its next job)."""
         online = {v.device for v in views}
         for device in sorted(self._online - online):
-            self.risk.note_presence(device, False, now)
+            self.risk.note_presence(device, False, now, device in busy)
         for v in views:
-            self.risk.note_presence(v.device, True, now)
+            self.risk.note_presence(v.device, True, now, v.device in busy)
             if v.heartbeat is not None:
                 self.predictor.note_heartbeat(v.device, v.heartbeat)
         self._online = online

@@ -67,3 +67,13 @@ def test_a_board_reporting_a_throttled_clock_is_planned_slower_and_given_less_wo
         1.5 * predictor.predict("pi", cool).seconds_per_sample)
     work = {d.device: d.samples for d in p.log if isinstance(d, Selected) and d.round == 2}
     assert work["pi"] < work["pj"]  # equal finish: the slower board gets less to do
+
+
+def test_a_device_leaving_during_its_job_is_the_jobs_loss_not_churn():
+    risk = policy().scheduler.risk
+    for t in (0.0, 60.0):
+        risk.note_presence("d0", True, t)
+        risk.note_presence("d1", True, t, busy=t > 0)  # d1 got a job at the second look
+    risk.note_presence("d0", False, 120.0)  # left between jobs: churn
+    risk.note_presence("d1", False, 120.0, busy=True)  # left with its job: counted by note_job
+    assert risk.risk("d0", 120.0, None) > risk.risk("d1", 120.0, None)

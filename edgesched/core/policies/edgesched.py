@@ -54,8 +54,8 @@ class EdgeschedPolicy:
         if self._round_end is not None:
             return None
         views = fleet.views(now)
-        self.scheduler.observe(views, now)
         busy = {job.device for job in jobs.values()}
+        self.scheduler.observe(views, now, busy)
         free = sum(1 for v in views if v.device not in busy)
         wanted = self.scheduler.candidates_wanted()
         if now >= self._settle:
