@@ -66,8 +66,7 @@ def plot_decisions(log: list[Decision], path: Path) -> None:
     for e in log:
         if isinstance(e, Arrived | Lost | Expired):
             counts = by_round.setdefault(e.arrived_round, {})
-            outcome = e.to_dict()["outcome"]
-            counts[outcome] = counts.get(outcome, 0) + 1
+            counts[e.outcome] = counts.get(e.outcome, 0) + 1
     xs = sorted({r.round for r in rounds})
     deadline = {r.round: r.deadline_s for r in rounds}
     bottom = np.zeros(len(xs))

@@ -90,8 +90,18 @@ class Arrived(Decision):
     KIND: ClassVar[str] = "outcome"
 
 
+class _Ended:
+    """A job that ended without an update: its outcome is its class's."""
+
+    FIXED: ClassVar[dict[str, Any]]
+
+    @property
+    def outcome(self) -> str:
+        return str(self.FIXED["outcome"])
+
+
 @dataclass(frozen=True)
-class Lost(Decision):
+class Lost(_Ended, Decision):
     """A job that will never deliver: its device left, the transport failed, it was refused."""
 
     device: str
@@ -103,7 +113,7 @@ class Lost(Decision):
 
 
 @dataclass(frozen=True)
-class Expired(Decision):
+class Expired(_Ended, Decision):
     """A job past its staleness bound: it can no longer count, its device is still busy."""
 
     device: str

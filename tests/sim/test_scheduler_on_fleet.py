@@ -16,8 +16,9 @@ from flwr.supercore.task_identity import TaskIdentity
 from edgesched import data, partition
 from edgesched.broker import EmbeddedBroker
 from edgesched.core import policies
-from edgesched.core.decisions import Lost, Selected
+from edgesched.core.decisions import Lost, Selected, decision_from_json
 from edgesched.core.engine import Engine, EngineState
+from edgesched.core.events import event_from_json
 from edgesched.core.predict import Predictor
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.models import build_model, model_size
@@ -127,3 +128,10 @@ def test_same_seed_same_bytes_over_the_in_process_bus_and_a_real_broker(tmp_path
         for mine, theirs in zip(first[0].model, other[0].model, strict=True):
             assert mine.tobytes() == theirs.tobytes()
     assert '"event": "heartbeat"' in first[3] and '"event": "dropout"' in first[3]
+
+
+def test_decisions_and_events_read_back_as_the_records_they_were(tmp_path):
+    _, _, log, events = run(tmp_path, 0.3, rounds=3)
+    assert [decision_from_json(d.to_json()) for d in log] == log
+    lines = events.splitlines()
+    assert [event.to_json(t) for t, event in map(event_from_json, lines)] == lines
