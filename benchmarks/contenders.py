@@ -17,6 +17,10 @@ figures, the accuracy curve and the commit that ran it; a rerun replaces its lin
 table and plots from that file. So the table grows across machines and sessions, and each of its
 lines can be traced to the code that produced it.
 
+`--fleets` takes shipped fleets' names or fleet files' paths: a fleet you wrote runs like a
+shipped one, its runs and table labelled by the fleet's own `name`. A table's means are over the
+seeds every contender in it ran; runs of other seeds are named under the table, not averaged in.
+
     python -m benchmarks.contenders --quick --engine in-process   # CI: the harness
     python -m benchmarks.contenders --docs           # the full table into docs/
     python -m benchmarks.contenders --fleets hapt-30 --data-dir DIR   # HAPT by user
@@ -50,7 +54,8 @@ EASIER = 0.05
 
 def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
             data_dir: Path | None = None, engine: str = "ray", commit: str = "unknown") -> dict[str, Any]:
-    """Run one simulation unless `out` holds a finished one; `commit` names the code it runs with."""
+    """Run one simulation unless `out` holds a finished one; `fleet` is a shipped fleet's name or a
+    fleet file's path; `commit` names the code it runs with."""
     summary = out / "summary.json"
     if not summary.exists():
         cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
@@ -78,10 +83,12 @@ def code_version() -> str:
 
 def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: str,
                seed: int) -> tuple[dict[str, Any], float]:
+    """Run one; its runs and rows go under the fleet's own name, whatever file it came from."""
     started = time.monotonic()
-    out = _run_dir(args.out, fleet, dropout, strategy, seed)
+    name = args.names[fleet]
+    out = _run_dir(args.out, name, dropout, strategy, seed)
     summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir, args.engine, args.commit)
-    return row(fleet, dropout, strategy, seed, summary, out), time.monotonic() - started
+    return row(name, dropout, strategy, seed, summary, out), time.monotonic() - started
 
 
 def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -123,16 +130,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one table per (fleet, dropout), one line per contender, both targets side by side."""
     out = []
     for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
-        group = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
+        everything = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
+        commits = sorted({r.get("commit", "unknown") for r in everything})
+        group, left_out = _common_seeds(everything)
+        if not group:
+            out += [f"### {fleet}, {dropout:.0%} dropout", "", f"Commit: {', '.join(commits)}.", "",
+                    f"No seed was run by every contender ({left_out}): nothing to compare.", ""]
+            continue
         seeds = sorted({r["seed"] for r in group})
         goals = targets(group[0]["target_accuracy"])
         head = " | ".join(f"virtual s to {t:.0%} | reached | speed-up over fedavg | time vs oracle" for t in goals)
         ends = [_first_end(group, seed) for seed in seeds]
-        commits = sorted({r.get("commit", "unknown") for r in group})
         out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seed{'s' * (len(seeds) > 1)}: "
                 f"{', '.join(map(str, seeds))})", "", f"Commit: {', '.join(commits)}.", "",
                 f"Equal time: the accuracy each contender had when the first run of the seed ended "
                 f"({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
+                *([f"Left out, so that every mean is over the same seeds: {left_out}.", ""] if left_out else []),
                 f"| contender | {head} | final accuracy | accuracy at equal time | clients trained | device-s "
                 f"| GB moved | rounds | real s |",
                 "|---" * 16 + "|"]
@@ -151,6 +164,16 @@ def table(rows: list[dict[str, Any]]) -> str:
                        f"| {mean(r['rounds'] for r in runs):.0f} | {mean(r['seconds'] for r in runs):.0f} |")
         out.append("")
     return "\n".join(out)
+
+
+def _common_seeds(group: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """The runs of the seeds every contender in the group ran, and what was left out (or "")."""
+    by_strategy: dict[str, set[int]] = {}
+    for r in group:
+        by_strategy.setdefault(r["strategy"], set()).add(r["seed"])
+    common = set.intersection(*by_strategy.values())
+    extra = sorted((r["strategy"], r["seed"]) for r in group if r["seed"] not in common)
+    return [r for r in group if r["seed"] in common], ", ".join(f"{s} seed {seed}" for s, seed in extra)
 
 
 def _reach_cells(group: list[dict[str, Any]], runs: list[dict[str, Any]], strategy: str, key: str) -> str:
@@ -206,6 +229,17 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
         plt.close(fig)
         paths.append(out)
     return paths
+
+
+def _fleet_name(fleet: str) -> str:
+    """A fleet's own name (its file's `name`), for run folders and tables; one line for a bad file."""
+    from edgesched.errors import EdgeschedError
+    from edgesched.simulations.fleet import load_fleet
+
+    try:
+        return load_fleet(fleet).name
+    except EdgeschedError as exc:
+        raise SystemExit(f"benchmarks.contenders: {exc}") from None
 
 
 def _run_dir(runs_dir: Path, fleet: str, dropout: float, strategy: str, seed: int) -> Path:
@@ -270,6 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.fleets, args.dropouts, args.seeds, args.rounds = ["lab-20"], [0.3], [0], 1
     args.commit = code_version()
+    args.names = {fleet: _fleet_name(fleet) for fleet in args.fleets}
     plan = [(f, d, s, seed) for f in args.fleets for d in args.dropouts for seed in args.seeds for s in args.contenders]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own process
         futures = {pool.submit(_timed_run, args, *job): job for job in plan}

@@ -81,7 +81,8 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
             telemetry.bus = bus
         events_at = resume.logs["events.jsonl"] if resume else None
         with open_log(out_dir / "events.jsonl", events_at) as events, \
-                RoundProgress(cfg.rounds, done=resumed_after or 0) as progress:
+                RoundProgress(cfg.rounds, done=resumed_after or 0, starting="training in this process"
+                              if engine == "in-process" else "starting the simulation engine") as progress:
 
             def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
                 recorder.on_round(record, jobs, model)

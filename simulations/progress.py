@@ -13,8 +13,11 @@ from edgesched.core.records import JobRecord, RoundRecord
 class RoundProgress:
     """Context manager that shows round, accuracy, loss and elapsed time as rounds finish."""
 
-    def __init__(self, total_rounds: int, console: Console | None = None, done: int = 0) -> None:
-        """`done`: rounds a resumed run had finished before it stopped."""
+    def __init__(self, total_rounds: int, console: Console | None = None, done: int = 0,
+                 starting: str = "starting the simulation engine") -> None:
+        """`done`: rounds a resumed run had finished before it stopped; `starting`: what the wait
+        for the first round is."""
+        self.starting = starting
         self.console = console or Console(stderr=True)
         self.total = total_rounds
         self.done = done
@@ -29,12 +32,11 @@ class RoundProgress:
             console=self.console,
             disable=not self.console.is_terminal,
         )
-        self._task = self._progress.add_task("starting the simulation engine", total=total_rounds, completed=done,
-                                             acc="-", loss="-")
+        self._task = self._progress.add_task(starting, total=total_rounds, completed=done, acc="-", loss="-")
 
     def __enter__(self) -> RoundProgress:
         if not self.console.is_terminal:
-            self.console.print(f"starting the simulation engine; {self.total - self.done} rounds to go")
+            self.console.print(f"{self.starting}; {self.total - self.done} rounds to go")
         self._progress.start()
         return self
 

@@ -104,3 +104,36 @@ def test_kept_runs_grow_across_invocations_and_a_rerun_replaces_its_line(tmp_pat
         ("edgesched", 0, "new"), ("fedavg", 0, "old"), ("oracle", 1, "new")]
     assert [json.loads(line)["strategy"] for line in kept.read_text().splitlines()] == ["edgesched", "fedavg", "oracle"]
     assert "Commit: new, old." in table(rows)
+
+
+def test_a_mean_is_only_over_the_seeds_every_contender_ran():
+    rows = [_row("fedavg", s, 300.0 + s) for s in (0, 1, 2)] + [_row("edgesched", s, 100.0) for s in (0, 1)]
+    text = table(rows)
+    assert "(2 seeds: 0, 1)" in text and "Left out, so that every mean is over the same seeds: fedavg seed 2." in text
+    line = next(x for x in text.splitlines() if x.startswith("| fedavg |"))
+    assert "| 300 ± 0 | 2/2 |" in line  # seeds 0 and 1 only: 300.5 ± 0.5
+
+
+def test_a_fleet_file_of_ones_own_runs_and_is_labelled_by_its_name(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    from benchmarks import contenders
+    from edgesched.simulations.fleet import FLEETS
+
+    mine = tmp_path / "elsewhere" / "my-fleet.toml"
+    mine.parent.mkdir()
+    mine.write_text((FLEETS / "lab-20.toml").read_text().replace('name = "lab-20"', 'name = "my-lab"'))
+
+    def fake_run(fleet, dropout, strategy, seed, rounds, out, *rest):
+        assert fleet == str(mine)  # the file is what runs
+        out.mkdir(parents=True)
+        (out / "rounds.csv").write_text("round,accuracy,virtual_seconds\n1,0.9,10\n")
+        return {"target_accuracy": 0.85, "final_accuracy": 0.9, "virtual_seconds": 10.0, "device_seconds": 1.0,
+                "bytes_up": 1, "bytes_down": 1, "rounds": 1, "seconds": 1.0, "clients_trained": 3}
+
+    monkeypatch.setattr(contenders, "run_one", fake_run)
+    args = Namespace(out=tmp_path / "runs", rounds=None, data_dir=None, engine="in-process", commit="abc",
+                     names={str(mine): contenders._fleet_name(str(mine))})
+    r, _ = contenders._timed_run(args, str(mine), 0.3, "edgesched", 0)
+    assert r["fleet"] == "my-lab" and (tmp_path / "runs" / "my-lab" / "dropout30" / "edgesched" / "seed0").is_dir()
+    assert "### my-lab, 30% dropout" in table([r])
