@@ -53,7 +53,8 @@ EASIER = 0.05
 
 
 def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
-            data_dir: Path | None = None, engine: str = "ray", commit: str = "unknown") -> dict[str, Any]:
+            data_dir: Path | None = None, engine: str = "ray", commit: str = "unknown",
+            time_budget: float | None = None) -> dict[str, Any]:
     """Run one simulation unless `out` holds a finished one; `fleet` is a shipped fleet's name or a
     fleet file's path; `commit` names the code it runs with."""
     summary = out / "summary.json"
@@ -62,6 +63,8 @@ def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | 
                "--seed", str(seed), "--dropout", str(dropout), "--out", str(out), "--engine", engine]
         if rounds is not None:
             cmd += ["--rounds", str(rounds)]
+        if time_budget is not None:
+            cmd += ["--time-budget", str(time_budget)]
         if data_dir is not None:
             cmd += ["--data-dir", str(data_dir)]
         env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
@@ -87,14 +90,15 @@ def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: s
     started = time.monotonic()
     name = args.names[fleet]
     out = _run_dir(args.out, name, dropout, strategy, seed)
-    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir, args.engine, args.commit)
+    summary = run_one(fleet, dropout, strategy, seed, args.rounds, out, args.data_dir, args.engine, args.commit,
+                      args.time_budget)
     return row(name, dropout, strategy, seed, summary, out), time.monotonic() - started
 
 
 def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any], out: Path) -> dict[str, Any]:
     """One run's figures, with its virtual time to each of the table's targets (from rounds.csv)."""
     keys = ("final_accuracy", "best_accuracy", "virtual_seconds", "device_seconds", "bytes_up", "bytes_down",
-            "rounds", "seconds", "target_accuracy", "clients_trained")
+            "rounds", "seconds", "target_accuracy", "clients_trained", "time_budget_s")
     with (out / "rounds.csv").open() as f:
         curve = [(float(r["virtual_seconds"]), float(r["accuracy"])) for r in csv.DictReader(f)]
     reached = {_key(t): next((vs for vs, acc in curve if acc >= t), None) for t in targets(s["target_accuracy"])}
@@ -109,8 +113,10 @@ def accuracy_at(curve: list[tuple[float, float]], virtual_s: float) -> float | N
 
 
 def _first_end(group: list[dict[str, Any]], seed: int) -> float:
-    """When the first contender on this seed finished its rounds: the moment all are compared at."""
-    return min(r["virtual_seconds"] for r in group if r["seed"] == seed)
+    """The moment all contenders on this seed are compared at: when the first of them finished its
+    rounds, or the time budget they all ran for, if that came first."""
+    runs = [r for r in group if r["seed"] == seed]
+    return min([r["virtual_seconds"] for r in runs] + [r["time_budget_s"] for r in runs if r.get("time_budget_s")])
 
 
 def targets(fleet_target: float) -> tuple[float, float]:
@@ -143,8 +149,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         ends = [_first_end(group, seed) for seed in seeds]
         out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seed{'s' * (len(seeds) > 1)}: "
                 f"{', '.join(map(str, seeds))})", "", f"Commit: {', '.join(commits)}.", "",
-                f"Equal time: the accuracy each contender had when the first run of the seed ended "
-                f"({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
+                f"Equal time: the accuracy each contender had when the first run of the seed ended, or at the "
+                f"time budget ({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
                 *([f"Left out, so that every mean is over the same seeds: {left_out}.", ""] if left_out else []),
                 f"| contender | {head} | final accuracy | accuracy at equal time | clients trained | device-s "
                 f"| GB moved | rounds | real s |",
@@ -289,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS, metavar="NAME")
     parser.add_argument("--rounds", type=int, help="override the fleet files' rounds")
+    parser.add_argument("--time-budget", type=float, help="virtual seconds every contender may run (then --rounds, "
+                        "or the fleet's, caps the steps); the table compares accuracy at it")
     parser.add_argument("--data-dir", type=Path, help="the data set's folder (hapt-30 needs the one holding "
                         "hapt_raw_by_user.npz)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1); more share the "

@@ -59,6 +59,10 @@ def simulate(
     clients: Annotated[int | None, Opt(help=(
         "Virtual clients. Default: 10 for fmnist and digits; 30 for hapt, one per user."
     ))] = None,
+    time_budget: Annotated[float | None, Opt(help=(
+        "Seconds the run may take (virtual seconds with --fleet): no server step starts after them. --rounds then "
+        "caps the steps. Default: the fleet file's time_budget_s, else none."
+    ))] = None,
     rounds: Annotated[int | None, Opt(help=(
         f"Federated rounds. Default: {_DEFAULTS.rounds}, or the fleet file's."
     ))] = None,
@@ -155,7 +159,7 @@ def simulate(
         spec = load_fleet(fleet).with_overrides(
             seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
             strategy=chosen, bad_updates=bad_updates, onnx_every_round=onnx_every_round,
-            scheduler=scheduler_keys)
+            scheduler=scheduler_keys, time_budget=time_budget)
         _simulate_fleet(spec, broker, out, engine)
         return
     if dropout is not None or broker is not None or bad_updates is not None or engine != "ray":
@@ -166,7 +170,8 @@ def simulate(
         "dataset": dataset, "data-dir": str(data_dir) if data_dir else None, "clients": clients,
         "partitioner": partitioner, "alpha": alpha, "fraction-train": fraction_train, "local-epochs": local_epochs,
         "batch-size": batch_size, "lr": lr, "client-cpus": client_cpus, "broker": "none", "strategy": chosen,
-        "onnx-every-round": onnx_every_round, "rounds": rounds, "seed": seed, **scheduler_keys})
+        "onnx-every-round": onnx_every_round, "rounds": rounds, "seed": seed, "time-budget": time_budget,
+        **scheduler_keys})
     out_dir = out or Path("runs") / f"{cfg.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run
 

@@ -138,7 +138,8 @@ class RunConfig:
     """Everything a federated run needs. Build it with `from_mapping`, which fills the defaults."""
 
     strategy: str = "fedavg"
-    rounds: int = 20
+    rounds: int = 20  # server steps; with a time budget, the most it may take
+    time_budget: float | None = None  # seconds (virtual on a virtual fleet): no step starts after them
     seed: int = 0  # the split, sampling, initial weights and a virtual fleet's dynamics
     fraction_train: float = 1.0  # share of clients whose update a round wants
     round_timeout: float = 600.0
@@ -154,6 +155,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         _require(self.strategy in STRATEGIES, "strategy", f"choose one of {', '.join(STRATEGIES)}", self.strategy)
         _require(self.rounds >= 1, "rounds", "must be >= 1", self.rounds)
+        _require(self.time_budget is None or self.time_budget > 0, "time-budget", "must be > 0", self.time_budget)
         _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
         _require(0 < self.fraction_train <= 1, "fraction-train", "must be in (0, 1]", self.fraction_train)
         _require(self.round_timeout > 0, "round-timeout", "must be > 0", self.round_timeout)

@@ -99,19 +99,27 @@ def nominal_deadline(fleet: VirtualFleet, sizes: list[int], cfg: RunConfig, quan
     return float(np.quantile([fleet.nominal_job_s(i, epochs * n) for i, n in enumerate(sizes)], quantile))
 
 
+class _BudgetSpent(Exception):
+    """A round of Flower's strategy ended past the run's time budget: the run stops there."""
+
+
 def run_flower(face: FlowerGridFace, cfg: RunConfig, weights: Weights, evaluate: Evaluate,
                on_round: RoundCallback) -> Weights:
-    """Flower's own FedAvg or FedProx over the virtual fleet; returns the final weights."""
+    """Flower's own FedAvg or FedProx over the virtual fleet; returns the final weights. With a
+    time budget, the run stops after the first round that ends past it (Flower's strategies run
+    their rounds themselves: the evaluation callback is where a run can be told to stop)."""
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
     from flwr.serverapp.strategy import FedAvg, FedProx
 
     from edgesched.flower.messages import model_record
 
     started = time.monotonic()
+    last = dict(weights)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = list(arrays.to_numpy_ndarrays())
         loss, accuracy = evaluate(model)
+        last.update(zip(arrays.keys(), model, strict=True))
         if server_round > 0 and face.last is not None:
             out = face.last
             replies = [decode_reply(r, r.metadata.reply_to_message_id, math.inf) for r in out.replies]
@@ -120,6 +128,8 @@ def run_flower(face: FlowerGridFace, cfg: RunConfig, weights: Weights, evaluate:
             on_round(round_record(server_round, loss, accuracy, jobs, out.selected, out.delivered,
                                   out.dropped + out.late, time.monotonic() - started, out.ended_at),
                      jobs, dict(zip(arrays.keys(), model, strict=True)))
+            if cfg.time_budget is not None and out.ended_at >= cfg.time_budget:
+                raise _BudgetSpent
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
     # The grid offers exactly the round's devices; the strategy takes them all.
@@ -128,6 +138,9 @@ def run_flower(face: FlowerGridFace, cfg: RunConfig, weights: Weights, evaluate:
     strategy = FedProx(proximal_mu=cfg.training.proximal_mu, **common) if cfg.strategy == "fedprox" \
         else FedAvg(**common)
     initial = model_record(list(weights), list(weights.values()))
-    result = strategy.start(grid=face, initial_arrays=initial, num_rounds=cfg.rounds, timeout=cfg.round_timeout,
-                            train_config=ConfigRecord({"lr": cfg.training.lr}), evaluate_fn=evaluate_fn)
+    try:
+        result = strategy.start(grid=face, initial_arrays=initial, num_rounds=cfg.rounds, timeout=cfg.round_timeout,
+                                train_config=ConfigRecord({"lr": cfg.training.lr}), evaluate_fn=evaluate_fn)
+    except _BudgetSpent:
+        return last
     return {k: v.numpy() for k, v in result.arrays.to_torch_state_dict().items()}

@@ -60,11 +60,11 @@ class FleetSpec:
     def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
                        data_dir: str | None = None, strategy: str | None = None,
                        bad_updates: float | None = None, onnx_every_round: bool = False,
-                       scheduler: Mapping[str, str] | None = None) -> FleetSpec:
+                       scheduler: Mapping[str, str] | None = None, time_budget: float | None = None) -> FleetSpec:
         """The same fleet with CLI overrides applied (None keeps the file's value); `scheduler`
         holds kebab-case scheduler settings (`--scheduler`)."""
         given = {"seed": seed, "rounds": rounds, "data-dir": data_dir, "strategy": strategy,
-                 "onnx-every-round": onnx_every_round or None}
+                 "onnx-every-round": onnx_every_round or None, "time-budget": time_budget}
         run = self.run.with_keys({**{k: v for k, v in given.items() if v is not None}, **(scheduler or {})})
         dynamics = dataclasses.replace(
             self.dynamics,
@@ -109,7 +109,7 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
     dyn = r.get(raw, "dynamics", dict, {})
     r.only(data, "data.", {"dataset", "partitioner", "alpha", "data_dir"})
     r.only(training, "training.",
-           {"rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "round_timeout_s"})
+           {"rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "round_timeout_s", "time_budget_s"})
     r.only(dyn, "dynamics.", {f.name for f in dataclasses.fields(Dynamics)})
     size = sum(g.count for g in groups)
     per_round = r.get(training, "clients_per_round", int, prefix="training.", check=lambda v: 1 <= v <= size,
@@ -128,6 +128,7 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
             "batch-size": r.get(training, "batch_size", int, 32, prefix="training."),
             "lr": r.get(training, "lr", float, 0.02, prefix="training."),
             "round-timeout": r.get(training, "round_timeout_s", float, prefix="training."),
+            "time-budget": r.get(training, "time_budget_s", float, None, prefix="training."),
             "seed": seed,
             "broker": "none",
         })

@@ -122,7 +122,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                 engine_ = Engine(policy, transport, clock, RegistryFleetView(telemetry, sizes), evaluate, on_round,
                                  lambda: time.monotonic() - started, save_checkpoint)
                 try:
-                    engine_.run(run, cfg.rounds)
+                    engine_.run(run, cfg.rounds, cfg.time_budget)
                 finally:
                     recorder.write_decisions(policy.log)
                 state["weights"], state["extra"] = run.weights(), summary_extra(cfg, policy, fleet, sizes)
@@ -139,7 +139,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
         "seconds": round(time.monotonic() - started, 2), "dataset": cfg.data.dataset, "clients": spec.size,
         "fleet": spec.name, "strategy": strategy,
         "virtual_seconds": recorder.rounds[-1].virtual_seconds if recorder.rounds else 0.0,
-        "target_accuracy": spec.target_accuracy, "time_to_target_s": reached,
+        "target_accuracy": spec.target_accuracy, "time_to_target_s": reached, "time_budget_s": cfg.time_budget,
         "device_seconds": round(state["transport"].device_seconds, 3),
         "bytes_down": state["transport"].bytes_down, "bytes_up": state["transport"].bytes_up,
         "telemetry_dropped": dict(registry.dropped), **state.get("extra", {}), **size,

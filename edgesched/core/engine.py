@@ -128,9 +128,12 @@ class Engine:
         self.elapsed = elapsed
         self.checkpoint = checkpoint
 
-    def run(self, state: EngineState, steps: int) -> EngineState:
-        """Take server steps after `state.step` up to `steps`; `state` is updated as they go."""
+    def run(self, state: EngineState, steps: int, until: float | None = None) -> EngineState:
+        """Take server steps after `state.step` up to `steps`, and none that would start at or after
+        the clock's `until` (a time budget); `state` is updated as they go."""
         for step in range(state.step + 1, steps + 1):
+            if until is not None and self.clock.now() >= until:
+                break
             self._step(state, step)
         return state
 

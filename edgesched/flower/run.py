@@ -95,7 +95,7 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
                     scorer(model, ds.x_test, ds.y_test), on_round, lambda: time.monotonic() - started, checkpoint)
     if resume is not None:
         engine.write_off(state, list(state.jobs), time.time(), "gateway restarted")
-    engine.run(state, cfg.rounds)
+    engine.run(state, cfg.rounds, time.time() + cfg.time_budget if cfg.time_budget else None)
     return RunResult(state.weights(), state.history, list(policy.log))
 
 

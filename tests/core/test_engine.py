@@ -141,3 +141,11 @@ def test_a_job_in_flight_keeps_the_model_it_started_from():
     assert late.step == 1 and np.all(late.model[0] == 0)  # d1's job started from the first model
     assert [job.step for job in state.jobs.values() if job.device == "d1"] == [1]
     assert set(state.versions) == {job.step for job in state.jobs.values()}  # only models still needed
+
+
+def test_no_step_starts_once_the_time_budget_is_spent():
+    clock = StepClock()
+    transport = ScriptedTransport(clock, {"d0": 3.0, "d1": 3.0})
+    policy = policies.FedAvg(per_round=2, timeout=60.0, rng=np.random.default_rng(0))
+    _, records = run(policy, transport, Fleet(2), steps=100, until=7.0)
+    assert [r.virtual_seconds for r, _ in records] == [3.0, 6.0, 9.0]  # the third started at 6 s, before 7

@@ -50,7 +50,7 @@ def test_the_table_gives_speed_ups_over_fedavg_and_the_gap_to_the_oracle():
 def test_every_contender_is_also_compared_when_the_first_run_of_its_seed_ended():
     rows = [_row("fedavg", 0, None, virtual=9000.0), _row("edgesched", 0, 150.0, virtual=400.0)]
     text = table(rows)
-    assert "when the first run of the seed ended (400 virtual s)" in text
+    assert "when the first run of the seed ended, or at the time budget (400 virtual s)" in text
     # fedavg's first round ends at 4,500 s: at 400 s it had none, so there is nothing to compare
     assert "| — | 12 |" in next(x for x in text.splitlines() if x.startswith("| fedavg |"))
     assert "| 80.00 % | 80.00 % | 12 |" in next(x for x in text.splitlines() if x.startswith("| edgesched |"))
@@ -133,7 +133,7 @@ def test_a_fleet_file_of_ones_own_runs_and_is_labelled_by_its_name(tmp_path, mon
 
     monkeypatch.setattr(contenders, "run_one", fake_run)
     args = Namespace(out=tmp_path / "runs", rounds=None, data_dir=None, engine="in-process", commit="abc",
-                     names={str(mine): contenders._fleet_name(str(mine))})
+                     time_budget=None, names={str(mine): contenders._fleet_name(str(mine))})
     r, _ = contenders._timed_run(args, str(mine), 0.3, "edgesched", 0)
     assert r["fleet"] == "my-lab" and (tmp_path / "runs" / "my-lab" / "dropout30" / "edgesched" / "seed0").is_dir()
     assert "### my-lab, 30% dropout" in table([r])
