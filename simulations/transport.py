@@ -24,7 +24,7 @@ from flwr.serverapp import Grid
 
 from edgesched.config import RunConfig
 from edgesched.core.events import Computed, Dispatched, Downloaded, DroppedOut, Uploaded
-from edgesched.core.transport import Order, Reply
+from edgesched.core.transport import Bounds, Order, Reply
 from edgesched.errors import EdgeschedError
 from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, METRICS, decode_reply, job_config, model_record
 from edgesched.flower.nodes import wait_for_nodes
@@ -114,6 +114,10 @@ class VirtualTransport:
         if order.steps is not None:
             config["max-steps"] = order.steps
         return self.start(self.fleet.index[device], step, self._arrays[1], config, deadline)
+
+    def bounds(self, device: str, order: Order) -> Bounds:
+        index, training = self.fleet.index[device], self.cfg.training
+        return Bounds.of(order, index, self.sizes[index], training.local_epochs, training.batch_size)
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
         return [decode_reply(msg, job_id, max_bytes) for job_id, msg in self.arrivals(job_ids)]

@@ -6,9 +6,11 @@ jobs in flight, their replies and losses, staleness, the server step and the ste
 how updates combine. Each server step:
 
 1. wake-ups until the policy is ready to step; at each, in this order: take in the replies
-   that came and drop the jobs whose device vanished (offline, or its agent restarted); let
-   the policy send work; stop if it is ready; else wait until it wants to look again (the
-   clock returns earlier when a reply may have come);
+   that came, each checked against what the gateway knows of its job before the policy sees it
+   (edgesched.core.validate: a lying or broken device is refused for every strategy); drop the
+   jobs whose device vanished (offline, or its agent restarted); let the policy send work; stop
+   if it is ready; else wait until it wants to look again (the clock returns earlier when a
+   reply may have come);
 2. the policy closes the step (jobs it gives up on are written off) and aggregates: the new
    global model, and how many updates it holds;
 3. the model is evaluated, the step recorded, and the callbacks (results, checkpoint) run.
@@ -28,7 +30,8 @@ import numpy as np
 from edgesched.core.clock import Clock
 from edgesched.core.events import DeadlinePassed, Idle, RoundEnded
 from edgesched.core.records import JobRecord, RoundCallback, RoundRecord, job_record, round_record
-from edgesched.core.transport import Batch, FleetView, Reply, Transport, Unsent
+from edgesched.core.transport import Batch, Bounds, FleetView, Reply, Transport, Unsent
+from edgesched.core.validate import refusal
 
 Weights = list[np.ndarray]
 Evaluate = Callable[[Weights], tuple[float, float]]  # weights -> (loss, accuracy)
@@ -49,6 +52,7 @@ class Job:
     session: int | None  # the device's agent session when it was sent (0 or None: not known)
     sent_at: float
     plan: Any = None  # what the policy keeps of it
+    bounds: Bounds | None = None  # what its reply may report (the transport's figures)
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ class Engine:
                 self.policy.on_lost(job, now, "gone", str(exc))
                 intake.failed += 1
                 continue
-            job = Job(job_id, order.device, step, session, now)
+            job = Job(job_id, order.device, step, session, now, bounds=self.transport.bounds(order.device, order))
             state.jobs[job_id] = job
             self.policy.on_sent(job, now)
 
@@ -211,6 +215,8 @@ class Engine:
             policy.on_lost(job, now, "error", reply.error or "no weights in the reply")
         elif reply.metrics is None:
             policy.on_lost(job, now, "refused", "bad_metrics")
+        elif (why := refusal(reply.trained, state.versions[job.step], reply.metrics, job.bounds)) is not None:
+            policy.on_lost(job, now, "refused", why)
         else:
             if reply.device_claim is not None:
                 self.fleet.seen(reply.node, reply.device_claim)

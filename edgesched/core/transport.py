@@ -27,6 +27,26 @@ class Order:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """What a job's reply may truthfully report, from the gateway's own figures, never the
+    device's: the partition it was sent to train, that partition's size (its weight in every
+    average), the most SGD steps its order allows, and the mini-batch size."""
+
+    partition: int
+    examples: int
+    max_steps: int
+    batch_size: int
+
+    @classmethod
+    def of(cls, order: Order, partition: int, examples: int, local_epochs: int, batch_size: int) -> Bounds:
+        """An order's bounds on a partition of `examples` samples (`local_epochs`: the run's,
+        for an order that names none)."""
+        epochs = order.epochs if order.epochs is not None else local_epochs
+        steps = epochs * -(-examples // batch_size)
+        return cls(partition, examples, steps if order.steps is None else min(steps, order.steps), batch_size)
+
+
+@dataclass(frozen=True)
 class Batch:
     """Orders sent at one moment; with a hard `deadline`, replies after it are never read."""
 
@@ -59,6 +79,9 @@ class Unsent(Exception):
 class Transport(Protocol):
     def send(self, device: str, step: int, order: Order, model: list[np.ndarray], deadline: float | None) -> str:
         """Start `order` on `device` with the step's model; its job id. Raises Unsent."""
+
+    def bounds(self, device: str, order: Order) -> Bounds:
+        """What a reply to `order` on `device` may report (the reply is checked against it)."""
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
         """Replies that have come for these jobs, in arrival order; one carrying more tensor

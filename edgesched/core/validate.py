@@ -2,16 +2,20 @@
 
 One bad update can wreck the global model in a single server step: a board with failing
 memory sends NaNs, a stale client build sends tensors of another shape, a buggy or hostile
-device sends a delta a hundred times too large. Every update is checked twice. On arrival
-(`check`), its tensors must match the global model's shapes and dtypes and be finite, and
-its reported work must make sense. At aggregation (`screen`), its size per local step must
-be within `norm_limit` times the median of recently accepted updates (at the start of a run,
-of the round's own) — larger ones are refused, or clipped to the median size: a flagged
-update then pulls no harder than a typical one (norm bounding, Sun et al. 2019). Steps
-are counted as FedNova counts them under the clients' momentum, so a long job's
-momentum-built speed does not look like an attack. A device whose updates are refused
-`strikes` times within `strike_window_s` is quarantined for `quarantine_s`: the planner gives
-it no work meanwhile, so a broken board stops costing the fleet slots and traffic.
+device sends a delta a hundred times too large, or claims a billion steps so that FedNova
+scales its update up, or a billion samples so that it outweighs the fleet. Every update is
+checked twice. On arrival (`refusal`, by the engine for every strategy), its tensors must
+match the global model's shapes and dtypes and be finite, and what it reports must agree
+with what the gateway knows of the job (`Bounds`): the partition it was sent, that
+partition's size, no more steps than the order allowed, samples that those steps can hold.
+At aggregation (`screen`), its size per local step must be within `norm_limit` times the
+median of recently accepted updates (at the start of a run, of the round's own) — larger
+ones are refused, or clipped to the median size: a flagged update then pulls no harder than
+a typical one (norm bounding, Sun et al. 2019). Steps are counted as FedNova counts them
+under the clients' momentum, so a long job's momentum-built speed does not look like an
+attack. A device whose updates are refused `strikes` times within `strike_window_s` is
+quarantined for `quarantine_s`: the planner gives it no work meanwhile, so a broken board
+stops costing the fleet slots and traffic.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import numpy as np
 
 from edgesched.config import LARGE_UPDATE
 from edgesched.core.aggregate import momentum_steps
+from edgesched.core.records import JobMetrics
+from edgesched.core.transport import Bounds
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,22 @@ class UpdateGuard:
 
 def _norm(tensors: Sequence[np.ndarray]) -> float:
     return math.sqrt(sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors))
+
+
+def refusal(trained: Sequence[np.ndarray], base: Sequence[np.ndarray], metrics: JobMetrics,
+            bounds: Bounds | None) -> str | None:
+    """Why a reply's update may not be used at all, or None (`bounds`: what the gateway knows
+    of the job; None only where nothing is known, e.g. a hand-made test transport)."""
+    if bounds is not None:
+        if metrics.partition != bounds.partition:
+            return "claims_partition"
+        if metrics.num_examples != bounds.examples:
+            return "claims_examples"
+        if not 1 <= metrics.steps <= bounds.max_steps:
+            return "claims_steps"
+        if not metrics.steps <= metrics.samples <= metrics.steps * bounds.batch_size:
+            return "claims_samples"
+    return _malformed(trained, base, metrics.steps, metrics.num_examples)
 
 
 def _malformed(trained: Sequence[np.ndarray], base: Sequence[np.ndarray], steps: int, data_size: int) -> str | None:

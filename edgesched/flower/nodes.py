@@ -47,7 +47,7 @@ class FlowerFleet:
         self._grid = grid
         self._dataset = dataset
         self._telemetry = telemetry
-        self._sizes = sizes
+        self.sizes = sizes  # partition -> its samples
         self.memory = memory or FleetMemory()
         for node, device_id in self.memory.devices.items():
             self.seen(node, device_id)
@@ -65,7 +65,7 @@ class FlowerFleet:
             for node in self._nodes:
                 if self._telemetry is not None and node not in self.memory.devices and node not in self._queried:
                     self._ask_device_id(node)
-                self.memory.partitions.setdefault(node, len(self.memory.partitions) % len(self._sizes))
+                self.memory.partitions.setdefault(node, len(self.memory.partitions) % len(self.sizes))
         self._take_answers()
         return self._nodes
 
@@ -93,7 +93,7 @@ class FlowerFleet:
         states = self._states()
         views = []
         for node in self.nodes():
-            samples = self._sizes[self.memory.partitions[node]]
+            samples = self.sizes[self.memory.partitions[node]]
             state = states.get(node)
             if state is not None:
                 self.memory.heard.add(state.device_id)

@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp import Grid
 
 from edgesched.config import RunConfig
-from edgesched.core.transport import Order, Reply, Unsent
+from edgesched.core.transport import Bounds, Order, Reply, Unsent
 from edgesched.flower.messages import decode_reply, job_config, model_record, train_message
 from edgesched.flower.nodes import NODE_LIST_TTL_S, FlowerFleet
 
@@ -40,6 +40,11 @@ class FlowerTransport:
         if not pushed:  # e.g. the node left between planning and sending
             raise Unsent("Flower refused the message")
         return pushed[0]
+
+    def bounds(self, device: str, order: Order) -> Bounds:
+        _, partition = self.nodes.target(device)
+        training = self.cfg.training
+        return Bounds.of(order, partition, self.nodes.sizes[partition], training.local_epochs, training.batch_size)
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
         return [decode_reply(reply, reply.metadata.reply_to_message_id, max_bytes)

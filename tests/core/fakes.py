@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from edgesched.core.engine import Engine, EngineState, Policy
 from edgesched.core.events import Event
 from edgesched.core.fleet import DeviceView
 from edgesched.core.records import JobMetrics, JobRecord, Model, RoundRecord
-from edgesched.core.transport import Order, Reply
+from edgesched.core.transport import Bounds, Order, Reply
 
 
 class StepClock:
@@ -74,12 +75,14 @@ class Sent:
 @dataclass
 class ScriptedTransport:
     """Each device trains `delta` off the model it got and replies after `seconds[device]` (never, if
-    missing); `partition` is the device's number."""
+    missing); `partition` is the device's number, its data 60 x (partition + 1) samples. A device
+    in `claims` reports those figures instead of the true ones (a liar)."""
 
     clock: StepClock
     seconds: dict[str, float]
     delta: float = 1.0
     sent: list[Sent] = field(default_factory=list)
+    claims: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def send(self, device: str, step: int, order: Order, model: list[np.ndarray], deadline: float | None) -> str:
         job_id = f"j{len(self.sent) + 1}"
@@ -87,6 +90,10 @@ class ScriptedTransport:
         if device in self.seconds:
             self.clock.wake_at.append(self.clock.now() + self.seconds[device])
         return job_id
+
+    def bounds(self, device: str, order: Order) -> Bounds:
+        partition = int(device.removeprefix("d"))
+        return Bounds.of(order, partition, 60 * (partition + 1), local_epochs=1, batch_size=32)
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
         due = [s for s in self.sent if s.job_id in job_ids and s.device in self.seconds
@@ -97,6 +104,7 @@ class ScriptedTransport:
         partition = int(s.device.removeprefix("d"))
         metrics = JobMetrics(partition, samples=60, steps=2, num_examples=60 * (partition + 1), seconds=1.0,
                              samples_per_second=60.0, loss=0.5)
+        metrics = dataclasses.replace(metrics, **self.claims.get(s.device, {}))
         trained = [w - self.delta * (partition + 1) for w in s.model]
         return Reply(s.job_id, partition + 1, s.device, trained=trained, metrics=metrics)
 

@@ -170,6 +170,44 @@ def test_bad_replies_are_refused_counted_and_their_device_quarantined():
     assert [r.round for r in rounds] == [1, 2, 3, 4, 5] and rounds[-1].accuracy > 0.5
 
 
+class LyingGrid(LocalGrid):
+    """Node 303 trains honestly but lies about its job, in turn: a billion steps (FedNova would
+    scale its update up by them), 1e308 steps (to infinity), a billion examples (nearly all the
+    weight of an average), another node's partition, more samples than its steps can hold."""
+
+    LIES = ({"steps": 1e9}, {"steps": 1e308}, {"num-examples": 1e9}, {"partition-id": 0}, {"samples": 1e6})
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        for reply in replies:
+            if reply.metadata.src_node_id == 303 and "metrics" in reply.content:
+                self.lies = getattr(self, "lies", -1) + 1
+                reply.content["metrics"].update(self.LIES[self.lies % len(self.LIES)])
+        return replies
+
+
+def model_norm(weights) -> float:
+    return float(np.sqrt(sum(np.sum(np.square(w, dtype=np.float64)) for w in weights.values())))
+
+
+@pytest.mark.parametrize("strategy", ["edgesched", "fedavg"])
+def test_a_device_lying_about_its_job_is_refused_and_moves_nothing(strategy):
+    cfg = adaptive(rounds=5, strategy=strategy)
+    honest = run_on_grid(LocalGrid(NODE_CONFIGS), cfg, lambda *_: None)
+    lied = run_on_grid(LyingGrid(NODE_CONFIGS), cfg, lambda *_: None)
+
+    assert all(np.all(np.isfinite(w)) for w in lied.weights.values())
+    assert model_norm(lied.weights) < 1.5 * model_norm(honest.weights)
+    assert lied.rounds[-1].accuracy > 0.5
+    if strategy == "edgesched":  # the adaptive scheduler names each refusal and strikes the liar
+        refused = [e.reason for e in lied.decisions if isinstance(e, Lost) and e.device == "node-303"]
+        assert refused[:3] == ["refused: claims_steps", "refused: claims_steps", "refused: claims_examples"]
+        assert [e.device for e in lied.decisions if isinstance(e, Quarantined)] == ["node-303"]
+        assert not [e for e in lied.decisions if isinstance(e, Lost) and e.device != "node-303"]
+    else:  # FedAvg: every round averages the two honest nodes alone
+        assert all(r.replied == 2 and r.failed == 1 for r in lied.rounds)
+
+
 class PowerCut(Exception):
     pass
 
