@@ -2,8 +2,8 @@
 
 It holds whose run it is (the config), where the engine stands (model, versions, jobs in flight,
 steps so far), the policy (the scheduler with all it learned), what the gateway learned of
-Flower's nodes, and the run directory's log sizes. A checkpoint is a pickle: keep
-`checkpoint-dir` where only the gateway can write.
+Flower's nodes, and the run directory's log sizes. It is written owner-only and checksummed,
+and read without running code (edgesched.files): a damaged or crafted file is a one-line error.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from edgesched.files import read_checkpoint, write_checkpoint
 from edgesched.flower.nodes import FleetMemory
 from edgesched.flower.run import Saved
 
-CHECKPOINT = "gateway-checkpoint.pkl"
-CHECKPOINT_FORMAT = 2  # raised whenever a class the checkpoint pickles changes incompatibly
+CHECKPOINT = "gateway-checkpoint.bin"
+CHECKPOINT_FORMAT = 3  # raised whenever a class the checkpoint pickles changes incompatibly
 
 
 @dataclass

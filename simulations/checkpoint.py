@@ -1,6 +1,6 @@
 """Checkpoints of a simulated run: written after every server step, continued with --resume.
 
-One pickle holds everything the rest of the run depends on: the engine's state (global model,
+One file holds everything the rest of the run depends on: the engine's state (global model,
 the models that jobs in flight started from, the jobs in flight, the steps so far), the policy
 (for the adaptive scheduler: predictor, risk, convergence feedback, validation, buffers,
 decision log), the virtual clock (its event queue), the jobs on the devices' timelines and the
@@ -16,7 +16,8 @@ same model.npz, byte for byte (tests/sim/test_checkpoint.py). Every policy on ed
 engine writes checkpoints; Flower's own strategies run their rounds inside `Strategy.start`,
 which cannot be re-entered.
 
-A checkpoint is a pickle: resume only run directories you trust, as with any pickle.
+It is written owner-only and checksummed, and read without running code (edgesched.files): a
+damaged or crafted file is a one-line error, never a different model or someone else's code.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.fleet import FleetSpec
 from edgesched.simulations.heartbeats import VirtualTelemetry
 
-FILE = "checkpoint.pkl"
-FORMAT = 3
+FILE = "checkpoint.bin"
+FORMAT = 4
 
 
 @dataclass

@@ -73,7 +73,7 @@ def make_policy(cfg: RunConfig, fleet: VirtualFleet, sizes: list[int], clock: Vi
         return policies.fedbuff(cfg)
     cfg = cfg.with_keys(ABLATIONS[strategy](cfg) if strategy in ABLATIONS else {})
     if strategy == "oracle":
-        foresight = Foresight(fleet, sizes, clock.now)
+        foresight = Foresight(fleet, sizes, clock)
         battery_reserve = policies.scheduler_config(cfg).battery_reserve
         return policies.edgesched(cfg, OraclePredictor(foresight, fleet.model_bytes),
                                   OracleRisk(foresight, battery_reserve))

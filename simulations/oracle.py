@@ -11,8 +11,8 @@ job and not a shorter one.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
+from edgesched.core.clock import Clock
 from edgesched.core.predict import Prediction, Predictor
 from edgesched.core.risk import DropoutModel, RiskConfig
 from edgesched.core.telemetry import Heartbeat
@@ -22,10 +22,10 @@ from edgesched.simulations.devices import Job, VirtualFleet
 class Foresight:
     """The true next job of any device at the current virtual time (cached until time moves)."""
 
-    def __init__(self, fleet: VirtualFleet, partition_sizes: list[int], now: Callable[[], float]) -> None:
+    def __init__(self, fleet: VirtualFleet, partition_sizes: list[int], clock: Clock) -> None:
         self._fleet = fleet
         self._sizes = partition_sizes
-        self._now = now
+        self._clock = clock  # the clock itself: a checkpoint holds objects, not bound methods
         self._seen: dict[str, Job] = {}
         self._at = -1.0
 
@@ -33,7 +33,7 @@ class Foresight:
         return self._sizes[self._fleet.index[device]]
 
     def job(self, device: str) -> Job:
-        now = self._now()
+        now = self._clock.now()
         if now != self._at:
             self._seen, self._at = {}, now
         if device not in self._seen:

@@ -1,9 +1,12 @@
 """Bad input ends in one line on stderr and a non-zero exit code: never a traceback."""
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+from edgesched.files import write_checkpoint
 
 
 def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -96,13 +99,25 @@ def test_fleet_bad_input_is_one_clear_line(args, says):
     assert len(lines) == 1 and says in lines[0], result.stderr
 
 
+class RunsACommand:
+    """Unpickled, this runs `os.system(command)`: what a hostile checkpoint would carry."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
 @pytest.mark.parametrize(
     ("setup", "extra", "says"),
     [
         ("missing", [], "no run directory"),
         ("empty", [], "no checkpoint (Flower's own strategies, fedavg and fedprox, write none"),
         ("finished", [], "holds a finished run: nothing to resume"),
-        ("garbage", [], "checkpoint.pkl: not a readable checkpoint"),
+        ("garbage", [], "checkpoint.bin: not an edgesched checkpoint"),
+        ("crafted", [], "refers to posix.system, which no checkpoint holds; refused unread"),
+        ("damaged", [], "damaged (its checksum does not match); nothing was loaded"),
         ("empty", ["--seed", "3"], "--resume continues the run with its own settings; drop --seed"),
     ],
 )
@@ -113,8 +128,15 @@ def test_resume_bad_input_is_one_clear_line(tmp_path, setup, extra, says):
     if setup == "finished":
         (run_dir / "summary.json").write_text("{}")
     if setup == "garbage":
-        (run_dir / "checkpoint.pkl").write_bytes(b"not a pickle")
+        (run_dir / "checkpoint.bin").write_bytes(b"not a pickle")
+    if setup in ("crafted", "damaged"):  # a checkpoint that would run a command if unpickled
+        write_checkpoint(run_dir / "checkpoint.bin", RunsACommand(f"touch {tmp_path / 'pwned'}"))
+    if setup == "damaged":  # ... whose payload then lost a bit: the checksum sees it first
+        raw = bytearray((run_dir / "checkpoint.bin").read_bytes())
+        raw[-3] ^= 0x01
+        (run_dir / "checkpoint.bin").write_bytes(bytes(raw))
     result = _run("simulate", "--resume", str(run_dir), *extra)
+    assert not (tmp_path / "pwned").exists()
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr

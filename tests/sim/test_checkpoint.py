@@ -35,7 +35,7 @@ def test_a_run_killed_mid_round_and_resumed_ends_with_the_same_bytes(tmp_path):
     victim = subprocess.Popen(_simulate(*common, "--out", str(broken)), stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
     deadline = time.monotonic() + 300
-    while not (broken / "checkpoint.pkl").exists() and victim.poll() is None and time.monotonic() < deadline:
+    while not (broken / "checkpoint.bin").exists() and victim.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.0)  # into the next round: its partial logs must be cut back on resume
     assert victim.poll() is None, "the run ended before it could be killed"
@@ -52,7 +52,7 @@ def test_a_run_killed_mid_round_and_resumed_ends_with_the_same_bytes(tmp_path):
     assert (broken / "model.npz").read_bytes() == (whole / "model.npz").read_bytes()
     for log in ("events.jsonl", "decisions.jsonl"):
         assert (broken / log).read_bytes() == (whole / log).read_bytes(), log
-    assert not (broken / "checkpoint.pkl").exists()  # a finished run keeps no checkpoint
+    assert not (broken / "checkpoint.bin").exists()  # a finished run keeps no checkpoint
 
     summary = json.loads((whole / "summary.json").read_text())
     assert summary["refused_updates"].get("not_finite", 0) >= 1 and summary["clipped_updates"] >= 1

@@ -1,6 +1,7 @@
 """Virtual devices: deterministic per seed, calibrated compute, dropouts and availability."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_the_oracle_foresees_the_very_job_a_device_will_run_and_disturbs_nothing
 
     fleet, twin = _fleet(dropout=0.3), _fleet(dropout=0.3)
     sizes = [600] * len(fleet.devices)
-    foresight = Foresight(fleet, sizes, lambda: 1000.0)
+    foresight = Foresight(fleet, sizes, SimpleNamespace(now=lambda: 1000.0))
     ids = [d.device_id for d in fleet.devices]
     seen = [foresight.job(i) for i in ids]
     assert [fleet.job(i, 1000.0, 600) for i in range(len(ids))] == seen  # the real draws are the foreseen ones

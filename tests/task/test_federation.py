@@ -6,7 +6,6 @@ it), so this checks per-client ConfigRecords and the device-id <-> node-id link 
 
 from __future__ import annotations
 
-import pickle
 import time
 
 import numpy as np
@@ -19,10 +18,11 @@ from edgesched.core.decisions import Lost, Quarantined, RoundPlanned, Selected, 
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.core.telemetry import Status, topic
 from edgesched.errors import ConfigError
+from edgesched.files import read_checkpoint, write_checkpoint
 from edgesched.flower.nodes import FleetMemory, FlowerFleet
 from edgesched.flower.run import run_on_grid
 from edgesched.server.app import run_gateway
-from edgesched.server.checkpoint import CHECKPOINT
+from edgesched.server.checkpoint import CHECKPOINT, GatewayCheckpoint
 
 from ..grids import LocalGrid
 
@@ -229,7 +229,7 @@ def test_a_gateway_restarted_mid_run_goes_on_from_its_checkpoint(tmp_path):
     assert max(e.round for e in result.decisions if isinstance(e, RoundPlanned)) == 4
     assert [e.round for e in result.decisions if isinstance(e, RoundPlanned)][:2] == [1, 2]  # the log goes on
     assert rounds[-1].accuracy > 0.5
-    assert not (tmp_path / "checkpoints" / "gateway-checkpoint.pkl").exists()
+    assert not (tmp_path / "checkpoints" / "gateway-checkpoint.bin").exists()
 
 
 @pytest.mark.parametrize("format_field", ["older", "absent"])
@@ -239,12 +239,13 @@ def test_a_gateway_checkpoint_of_another_format_is_a_clear_error(tmp_path, forma
     with pytest.raises(PowerCut):
         run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
     path = tmp_path / CHECKPOINT
-    saved = pickle.loads(path.read_bytes())
+    saved = read_checkpoint(path, GatewayCheckpoint)
     if format_field == "older":
         saved.format -= 1
     else:  # written before checkpoints had a format: the class default must not stand in for it
         del saved.__dict__["format"]
-    path.write_bytes(pickle.dumps(saved))
+    write_checkpoint(path, saved)
+    assert path.stat().st_mode & 0o777 == 0o600  # the gateway's own, as its model and fleet are
     with pytest.raises(ConfigError, match="written by another version of edgesched"):
         run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
 
