@@ -166,6 +166,35 @@ def test_shipped_config_tls_passwords_and_acl(mosquitto_factory, listen, agents,
     assert "pi-c" not in listener.snapshot().devices and wrong.poll() is None  # refused, still retrying
 
 
+def test_shipped_config_binds_each_login_to_its_own_client_id(mosquitto_factory, listen, agents, tmp_path):
+    """An enrolled device that connects under another device's (or the gateway's) MQTT client id
+    must not disconnect it: the broker gives every device connection its login as client id."""
+    password_file(tmp_path, {"gateway": "gw-secret", "pi-a": "a-secret", "pi-b": "b-secret", "pi-c": "c-secret"})
+    server = mosquitto_factory(shipped_config(tmp_path), tls=True)
+    ca = str(tmp_path / "ca.crt")
+    listener = listen(server.url, username="gateway", password="gw-secret", ca_file=ca)
+    agents(server.url, "pi-a", "--username", "pi-a", "--ca-file", ca, password="a-secret")
+    wait_until(_online_with_beats(listener, "pi-a"), 15, "pi-a online")
+    rogues = []
+    for login, stolen in (("pi-b", "edgesched-agent-default-pi-a"), ("pi-c", listener._client._client_id.decode())):
+        rogue = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=stolen)
+        rogue.username_pw_set(login, f"{login[-1]}-secret")  # an enrolled device, with its own login
+        rogue.tls_set(ca_certs=ca)
+        rogue.connect("localhost", server.port)
+        rogue.loop_start()
+        rogues.append(rogue)
+    try:
+        wait_until(lambda: all(r.is_connected() for r in rogues), 5, "the rogue connections up")
+        time.sleep(2.0)
+        device = _device(listener, "pi-a")
+        assert device.online and listener.connected  # no Last Will fired, nobody was thrown off
+        assert "Client edgesched-agent-default-pi-a already connected" not in (tmp_path / "mosquitto.log").read_text()
+    finally:
+        for rogue in rogues:
+            rogue.loop_stop()
+            rogue.disconnect()
+
+
 def test_tls_with_a_test_ca(mosquitto_factory, listen, agents, tmp_path):
     certs = make_test_ca(tmp_path)
     conf = f"allow_anonymous true\ncafile {certs['ca']}\ncertfile {certs['cert']}\nkeyfile {certs['key']}\n"
