@@ -67,10 +67,16 @@ add_login() {
 
 make_device() {
     local id=$1 bundle password host=gateway.local
-    [[ "$id" =~ ^[A-Za-z0-9_.-]{1,64}$ ]] || die "device id '$id': use 1-64 letters, digits, '_', '.' or '-'"
+    # The registry's rule for a device id; "gateway" is the gateway's own broker login.
+    [[ "$id" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ ]] ||
+        die "device id '$id': use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+    [[ "$id" == gateway ]] && die "device id 'gateway' is the gateway's broker login; choose another"
     [[ -e "$DIR/ca.crt" ]] || die "no CA in $DIR: run 'make-certs.sh ca' first"
     bundle="$DIR/devices/$id"
     [[ -e "$bundle" ]] && die "$bundle exists: $id is already enrolled"
+    if [[ -e "$DIR/passwords" ]] && cut -d: -f1 "$DIR/passwords" | grep -qxF -- "$id"; then
+        die "$id already has a broker login in $DIR/passwords"
+    fi
     mkdir -p "$bundle"
     cp "$DIR/ca.crt" "$bundle/ca.crt"
     ssh-keygen -q -t ecdsa -b 384 -N "" -C "edgesched supernode $id" -f "$bundle/supernode.key"

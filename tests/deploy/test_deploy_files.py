@@ -70,6 +70,13 @@ def test_make_certs_enrols_a_device_that_the_shipped_broker_then_admits(tmp_path
     again = subprocess.run(["bash", str(script), "--dir", str(certs), "device", "pi-07"], capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 1 and "already enrolled" in again.stderr
+    gateway_login = (certs / "passwords").read_text()
+    for bad, says in (("gateway", "is the gateway's broker login"), ("--", "starting with a letter or digit"),
+                      ("-pi", "starting with a letter or digit"), ("pi/07", "use 1-64 letters")):
+        refused = subprocess.run(["bash", str(script), "--dir", str(certs), "device", bad], capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode != 0 and says in refused.stderr, (bad, refused.stderr)
+    assert (certs / "passwords").read_text() == gateway_login  # nobody's password was replaced
     bundle = certs / "devices" / "pi-07"
     key = load_ssh_private_key((bundle / "supernode.key").read_bytes(), None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)  # what flower-supernode --auth-supernode-private-key takes
