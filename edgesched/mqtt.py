@@ -7,6 +7,8 @@ lock, and the scheduler reads immutable snapshots from any thread.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import threading
 import time
@@ -22,7 +24,16 @@ from edgesched.core.registry import DeviceRegistry, RegistrySnapshot
 from edgesched.core.telemetry import Heartbeat, subscription
 from edgesched.errors import ConfigError, EdgeschedError
 
+log = logging.getLogger(__name__)
 PASSWORD_ENV = "EDGESCHED_MQTT_PASSWORD"
+PLACEHOLDER_PASSWORD = "change-me"  # what deploy/gateway/gateway.env ships with
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,12 @@ def make_client(
 
     Returns the client and the keepalive to pass to `connect`/`connect_async`.
     """
+    if url.password == PLACEHOLDER_PASSWORD:
+        raise ConfigError(f"the broker password is still the shipped placeholder {PLACEHOLDER_PASSWORD!r}: set "
+                          f"{PASSWORD_ENV} (gateway.env) from the password make-certs.sh wrote")
+    if url.password and not url.tls and not _loopback(url.host):
+        log.warning("the broker password for %s goes over plain mqtt:// to %s, readable by anyone on the way; "
+                    "use mqtts://", url.username, url.host)
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311)
     if url.username:
         client.username_pw_set(url.username, url.password)

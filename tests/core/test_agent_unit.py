@@ -66,3 +66,16 @@ def test_broker_url_defaults_and_credentials(monkeypatch):
     assert (plain.port, plain.tls, plain.password) == (1883, False, "from-env")
     tls = BrokerURL.parse("mqtts://pi%2D1:s3cret@gw.local")
     assert (tls.port, tls.tls, tls.username, tls.password) == (8883, True, "pi-1", "s3cret")
+
+
+def test_the_shipped_placeholder_password_is_refused_and_a_clear_text_one_is_named(caplog):
+    from edgesched.errors import ConfigError
+    from edgesched.mqtt import make_client
+
+    with pytest.raises(ConfigError, match="still the shipped placeholder 'change-me'"):
+        make_client(BrokerURL.parse("mqtts://gateway:change-me@gw.local"), "gw")
+    make_client(BrokerURL.parse("mqtt://pi-1:s3cret@127.0.0.1"), "a")  # loopback: nobody on the way
+    make_client(BrokerURL.parse("mqtts://pi-1:s3cret@gw.local"), "b")
+    assert not caplog.records
+    make_client(BrokerURL.parse("mqtt://pi-1:s3cret@gw.local"), "c")
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "plain mqtt://" in caplog.records[0].message
