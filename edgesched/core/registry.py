@@ -13,6 +13,15 @@ marked `stale` — and after it each gets a fresh timeout to be heard again. A b
 shut down sends every connected device's Last Will first; an "offline" status that arrived in
 the `shutdown_window_s` before the gateway lost the broker is taken for that, not for the
 device's death, and the device is judged by its heartbeats instead.
+
+Sessions: a session is its agent's start time in ms, and within one the sequence numbers rise.
+A heartbeat must be sent within `max_clock_skew` of the gateway's clock, its (session, seq)
+above the newest heard, and a status's session no older than the newest: replays and a dead
+session's late Last Will are refused. No session may start after the gateway's now (plus the
+skew): a forged far-future session would otherwise outrank every real one for good. An older
+session may take over once the newest has been silent for the timeout: an agent that started
+while its clock was set back, and whose clock was then corrected, is heard again; a replay
+still is not, its send time being old.
 """
 
 from __future__ import annotations
@@ -149,14 +158,14 @@ class DeviceRegistry:
             if len(self._devices) >= self.config.max_devices:
                 raise TelemetryError("too_many_devices")
             device = _Device(tokens=self.config.burst, refilled_at=now, node_id=self._links.get(device_id))
-        self._take_token(device, now)
         message = MESSAGES[kind].from_json(payload)
         if message.device_id != device_id:
             raise TelemetryError("id_mismatch", f"topic {device_id}, payload {message.device_id}")
+        self._take_token(device, now)  # after validation: junk under a device's id spends none of its allowance
         if isinstance(message, Heartbeat):
             self._heartbeat(device, message, now)
         elif isinstance(message, Status):
-            self._status(device, message)
+            self._status(device, message, now)
             device.status_at = now
         else:
             device.capabilities = message
@@ -174,23 +183,37 @@ class DeviceRegistry:
     def _heartbeat(self, device: _Device, hb: Heartbeat, now: float) -> None:
         if abs(hb.sent_at - now) > self.config.max_clock_skew:
             raise TelemetryError("clock_skew", f"{hb.sent_at - now:+.1f} s")
+        self._check_session(hb.session, now)
         key = (hb.session, hb.seq)
-        if key <= device.last_key:
+        takes_over = hb.session < device.last_key[0] and self._gone_quiet(device, now)
+        if key <= device.last_key and not takes_over:
             raise TelemetryError("replayed", f"{key} <= {device.last_key}")
-        if device.status is not None and hb.session > device.status.session:
-            device.status = None  # a newer agent session supersedes an old offline status
+        if device.status is not None and (hb.session > device.status.session or takes_over):
+            device.status = None  # a newer agent session (or one taking over) supersedes an old status
         device.last_key = key
         device.last_seen = now
         device.history.append(hb)
         while len(device.history) > self.config.history:
             device.history.popleft()
 
-    def _status(self, device: _Device, status: Status) -> None:
+    def _status(self, device: _Device, status: Status, now: float) -> None:
+        self._check_session(status.session, now)
         # A Last Will from an older session must not take down the newer one.
         current = device.status.session if device.status else device.last_key[0]
-        if status.session < current:
+        if status.session < current and not self._gone_quiet(device, now):
             raise TelemetryError("stale_status", f"session {status.session} < {current}")
         device.status = status
+
+    def _check_session(self, session: int, now: float) -> None:
+        """A session is its agent's start time in ms: one that starts after now (beyond the
+        clock skew allowed) cannot be, and would outrank every real session after it."""
+        if session / 1000 > now + self.config.max_clock_skew:
+            raise TelemetryError("future_session", f"session {session} starts after now ({now:.0f} s)")
+
+    def _gone_quiet(self, device: _Device, now: float) -> bool:
+        """The newest session has not been heard for longer than the timeout: an older session
+        may take over (an agent restarted under a clock set back, then corrected)."""
+        return device.last_seen is None or now - device.last_seen > self.config.timeout
 
     def _state(self, device_id: str, d: _Device, now: float) -> DeviceState:
         reason = None

@@ -188,3 +188,37 @@ def test_last_wills_sent_by_a_broker_shutting_down_do_not_take_the_fleet_offline
     reg.lost_sight(100.0)
     devices = reg.snapshot(105.0).devices
     assert devices["a"].online and not devices["b"].online
+
+
+def test_a_forged_far_future_session_is_refused_and_cannot_make_a_device_sticky():
+    reg = DeviceRegistry()
+    real = int(NOW * 1000)  # an agent's session: its start time in ms
+    _ingest(reg, heartbeat_dict(session=real, seq=1))
+    assert reg.ingest(*status("pi-1", "offline", session=2**53), NOW) == "future_session"
+    assert _ingest(reg, heartbeat_dict(session=2**53, seq=1)) == "future_session"
+    assert _ingest(reg, heartbeat_dict(session=real, seq=2)) is None  # the real agent is still heard
+    assert reg.snapshot(NOW).devices["pi-1"].online
+
+
+def test_an_agent_whose_clock_was_set_back_is_heard_again_once_its_clock_is_right():
+    cfg = RegistryConfig(heartbeat_interval=2.0, timeout_intervals=2.5)  # timeout 5 s
+    reg = DeviceRegistry(cfg)
+    year = 365 * 86400
+    _ingest(reg, heartbeat_dict(session=int(NOW * 1000), seq=1))
+    reg.ingest(*status("pi-1", "offline", session=int(NOW * 1000)), NOW + 1)  # a clean exit
+    # Restarted with its clock a year behind: its session is a year old, its beats are refused...
+    behind = int((NOW - year) * 1000)
+    assert _ingest(reg, heartbeat_dict(session=behind, seq=1, sent_at=NOW - year + 2), now=NOW + 2) == "clock_skew"
+    # ... until NTP corrects its clock; the old session's beats then count, its status too.
+    assert _ingest(reg, heartbeat_dict(session=behind, seq=2, sent_at=NOW + 10), now=NOW + 10) is None
+    assert reg.snapshot(NOW + 10).devices["pi-1"].online
+    # Replays are refused as before: within the session that took over, as in any other.
+    assert _ingest(reg, heartbeat_dict(session=behind, seq=2, sent_at=NOW + 12), now=NOW + 12) == "replayed"
+    assert _ingest(reg, heartbeat_dict(session=behind, seq=3, sent_at=NOW + 12), now=NOW + 12) is None
+
+
+def test_junk_under_a_device_id_does_not_spend_that_devices_rate_allowance():
+    reg = DeviceRegistry(RegistryConfig(rate_per_second=1.0, burst=3))
+    for _ in range(50):
+        assert reg.ingest(hb_topic(), b"{not json", NOW) == "not_json"
+    assert _ingest(reg, heartbeat_dict(seq=1)) is None
