@@ -29,6 +29,12 @@ class DeviceGroup:
     offline_s: float = 0.0  # mean length of an offline period; 0 = never offline
 
 
+# What a hostile device does with every update it delivers: sends the change it trained reversed
+# (sign-flip) or 100x too large (scale), NaN weights (nan), or honest weights with a lie about the
+# job: a billion steps (lie-steps) or a billion examples (lie-examples).
+ATTACKS = ("sign-flip", "scale", "nan", "lie-steps", "lie-examples")
+
+
 @dataclass(frozen=True)
 class Dynamics:
     dropout: float = 0.0  # probability that a device drops out during a job
@@ -41,6 +47,8 @@ class Dynamics:
     bandwidth_noise: bool = True  # each transfer draws its bandwidth (off: the link's mean)
     heartbeat_s: float = 60.0  # virtual seconds between a device's heartbeats
     bad_updates: float = 0.0  # probability that a delivered update is corrupt (NaN, or 100x too large)
+    malicious: float = 0.0  # share of the devices that are hostile: every update they deliver is an `attack`
+    attack: str = "sign-flip"  # one of ATTACKS
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,10 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
                           rule="must be >= 1"),
         bad_updates=r.get(dyn, "bad_updates", float, 0.0, prefix="dynamics.", check=lambda v: 0 <= v <= 1,
                           rule="in [0, 1]"),
+        malicious=r.get(dyn, "malicious", float, 0.0, prefix="dynamics.", check=lambda v: 0 <= v <= 1,
+                        rule="in [0, 1]"),
+        attack=r.get(dyn, "attack", str, "sign-flip", prefix="dynamics.", check=lambda v: v in ATTACKS,
+                     rule=f"one of {', '.join(ATTACKS)}"),
     )
     return FleetSpec(
         name=r.get(raw, "name", str, path.stem),

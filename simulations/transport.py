@@ -5,7 +5,10 @@ compute, upload, or a drop: edgesched.simulations.devices), logged on the virtua
 plays out. A job that delivers is trained for real by an executor (`Executors`); its reply is
 handed over once its virtual arrival has passed, as the device would send it: from its node,
 naming the device, with its virtual compute time. A job that drops never trains and never
-replies. A job whose hard deadline it would miss is not trained either: nobody reads it.
+replies. A job whose hard deadline it would miss is not trained either: nobody reads it. A
+faulty board's update may arrive corrupt (`dynamics.bad_updates`); a hostile device, a fixed
+share of the fleet drawn from the seed (`dynamics.malicious`), attacks with every update it
+delivers (`dynamics.attack`).
 
 Device i is node i + 1 and trains partition i. Replies are handed over in virtual arrival order
 (device index breaks ties), so the engine takes them in the same order whatever the host's speed.
@@ -32,6 +35,7 @@ from edgesched.simulations.clock import AgentDied, VirtualClock
 from edgesched.simulations.devices import Job, VirtualFleet
 
 REAL_POLL_S = 0.02
+LIES = {"lie-steps": "steps", "lie-examples": "num-examples"}  # an attack -> the figure it inflates
 REAL_PUSH_ATTEMPTS = 50
 
 
@@ -40,7 +44,7 @@ class Flight:
     job: Job
     message: Message  # as the device got it: addressed to its node, the job's whole config
     real_id: str | None  # the executor's message id; None for a job that is never trained
-    corrupt: str | None = None  # a faulty device's update: "nan" or "huge" (dynamics.bad_updates)
+    corrupt: str | None = None  # a faulty device's update ("nan" or "scale", dynamics.bad_updates) or an attack
 
 
 class Executors:
@@ -85,6 +89,9 @@ class VirtualTransport:
         self.device_seconds = 0.0
         self.bytes_down = self.bytes_up = 0  # model transfers completed, as the devices' links carried them
         self._faults = np.random.default_rng([cfg.seed, 0xBAD])  # its own stream: other draws never shift
+        hostile = round(fleet.dyn.malicious * len(fleet.devices))  # ... and the hostile devices, from theirs
+        self.hostile = {int(i) for i in np.random.default_rng([cfg.seed, 0xE71]).permutation(len(fleet.devices))
+                        [:hostile]}
         self._real: dict[str, Message] = {}  # executor replies pulled ahead of their virtual arrival
         self._next_id = 1
         self._arrays: tuple[int, ArrayRecord] | None = None  # (step, its model encoded once)
@@ -147,7 +154,8 @@ class VirtualTransport:
         self.device_seconds += job.compute_spent_s
         self.bytes_down += self.fleet.model_bytes if job.ends_at >= job.compute_start else 0
         self.bytes_up += self.fleet.model_bytes if job.delivers else 0
-        flight = Flight(job, msg, None, self._corruption() if job.delivers else None)
+        flight = Flight(job, msg, None, None if not job.delivers else
+                        self.fleet.dyn.attack if index in self.hostile else self._corruption())
         self.flights[vid] = flight
         if job.delivers and (deadline is None or job.end <= deadline):  # a reply nobody reads is not trained
             flight.real_id = self.executors.push(msg)
@@ -181,7 +189,7 @@ class VirtualTransport:
         rate = self.fleet.dyn.bad_updates
         if rate <= 0 or self._faults.random() >= rate:
             return None
-        return "nan" if self._faults.random() < 0.5 else "huge"
+        return "nan" if self._faults.random() < 0.5 else "scale"
 
     def _work(self, index: int, config: dict[str, Any]) -> int:
         """Training samples a job's config asks of this device's partition."""
@@ -207,9 +215,11 @@ class VirtualTransport:
         if real.has_error():
             return Message(real.error, reply_to=flight.message)
         content = RecordDict(dict(real.content.items()))
-        if flight.corrupt is not None:
-            content[ARRAYS] = _corrupt(flight.message.content[ARRAYS], real.content[ARRAYS], flight.corrupt)
         metrics = dict(real.content[METRICS])
+        if flight.corrupt in LIES:
+            metrics[LIES[flight.corrupt]] = 1e9
+        elif flight.corrupt is not None:
+            content[ARRAYS] = _corrupt(flight.message.content[ARRAYS], real.content[ARRAYS], flight.corrupt)
         job = flight.job
         metrics["seconds"] = job.compute_s
         metrics["samples-per-second"] = metrics["samples"] / job.compute_s if job.compute_s > 0 else 0.0
@@ -232,12 +242,12 @@ class VirtualTransport:
 
 
 def _corrupt(sent: ArrayRecord, trained: ArrayRecord, how: str) -> ArrayRecord:
-    """A corrupt update: NaN in its first tensor, or its change to the model 100x too large."""
+    """A corrupt update: NaN in its first tensor, or its change to the model reversed or 100x too large."""
     out, poisoned = {}, False
     for key, array in trained.items():
         base, new = sent[key].numpy(), array.numpy()
-        if how == "huge":
-            new = (base + 100 * (new - base)).astype(new.dtype)
+        if how in ("scale", "sign-flip"):
+            new = (base + (100 if how == "scale" else -1) * (new - base)).astype(new.dtype)
         elif not poisoned and np.issubdtype(new.dtype, np.floating):
             new, poisoned = np.full_like(new, np.nan), True
         out[key] = Array(new)
