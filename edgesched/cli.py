@@ -6,6 +6,7 @@ Heavy imports (torch, Flower, Ray) happen inside the commands that need them, so
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -223,10 +224,8 @@ def export(
     """
     import json
 
-    import numpy as np
-
     from edgesched import data
-    from edgesched.export import evaluate_onnx, to_onnx
+    from edgesched.export import evaluate_onnx, load_weights, to_onnx
     from edgesched.models import build_model
     from edgesched.training import scorer
 
@@ -235,10 +234,18 @@ def export(
     for needed in ("config.json", "model.npz"):
         if not (run_dir / needed).is_file():
             raise ConfigError(f"{run_dir}: no {needed}; export needs a finished run directory")
-    config = json.loads((run_dir / "config.json").read_text())
-    dataset = config.get("dataset")
-    with np.load(run_dir / "model.npz") as saved:
-        weights = {k: saved[k] for k in saved.files}
+    target = out or run_dir / "model.onnx"
+    cannot = f"{'--out ' if out else ''}{target}: cannot write the ONNX file"
+    if why := _unwritable(target):  # before the export's seconds of work, not after them
+        raise ConfigError(f"{cannot} ({why})")
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise ConfigError(f"{run_dir / 'config.json'}: not a run's config ({exc})") from None
+    dataset = config.get("dataset") if isinstance(config, dict) else None
+    if dataset not in DATASETS:
+        raise ConfigError(f"{run_dir / 'config.json'}: not a run's config (dataset {dataset!r})")
+    weights = load_weights(run_dir / "model.npz", dataset)
     model_bytes = to_onnx(dataset, weights)
     test = data.load(dataset, config.get("data-dir"))
     torch_loss, torch_acc = scorer(build_model(dataset), test.x_test, test.y_test)(list(weights.values()))
@@ -246,10 +253,22 @@ def export(
     if abs(onnx_acc - torch_acc) > 1e-4 or abs(onnx_loss - torch_loss) > 1e-4 * max(1.0, torch_loss):
         raise EdgeschedError(f"the ONNX export scores {onnx_acc:.4%} / loss {onnx_loss:.5f} where torch scores "
                              f"{torch_acc:.4%} / {torch_loss:.5f}; not written")
-    target = out or run_dir / "model.onnx"
-    target.write_bytes(model_bytes)
+    try:
+        target.write_bytes(model_bytes)
+    except OSError as exc:  # what _unwritable cannot see: /proc, a full disk
+        raise ConfigError(f"{cannot} ({exc.strerror or exc})") from None
     typer.echo(f"wrote {target} ({len(model_bytes) / 1e6:.2f} MB); onnxruntime test accuracy {onnx_acc:.2%}, "
                f"same as torch")
+
+
+def _unwritable(target: Path) -> str | None:
+    """Why no file can be written at `target`, as far as looking shows (it is a directory; its
+    folder is missing, a file or read-only), else None."""
+    folder = target.parent
+    return ("Is a directory" if target.is_dir() else
+            "No such directory" if not folder.exists() else
+            "Not a directory" if not folder.is_dir() else
+            "Permission denied" if not os.access(folder, os.W_OK) else None)
 
 
 @app.command()

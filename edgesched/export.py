@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import time
 import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,6 +43,25 @@ def to_onnx(dataset: str, weights: Mapping[str, np.ndarray]) -> bytes:
         torch.onnx.export(model, (example,), buffer, input_names=["x"], output_names=["logits"],
                           dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}}, opset_version=OPSET, dynamo=False)
     return buffer.getvalue()
+
+
+def load_weights(path: Path, dataset: str) -> dict[str, np.ndarray]:
+    """The state dict saved in `path` (a run's model.npz), checked against the data set's model:
+    one line naming the file and what is wrong if it is truncated, not an npz, or another model's."""
+    if not zipfile.is_zipfile(path):  # empty, cut short, overwritten: np.load's own errors mislead
+        raise EdgeschedError(f"{path}: not an .npz archive (truncated or overwritten?)")
+    try:
+        with np.load(path) as saved:  # allow_pickle=False: an npz holding objects is refused, not run
+            weights = {k: saved[k] for k in saved.files}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise EdgeschedError(f"{path}: unreadable .npz archive ({exc})") from None
+    expected = {k: tuple(v.shape) for k, v in build_model(dataset).state_dict().items()}
+    wrong = sorted(k for k in expected.keys() | weights.keys()
+                   if k not in weights or expected.get(k) != weights[k].shape)
+    if wrong:
+        raise EdgeschedError(f"{path}: not the {dataset} model's weights (missing, extra or misshapen: "
+                             f"{', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''})")
+    return weights
 
 
 def evaluate_onnx(model: bytes | Path, x: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> tuple[float, float]:

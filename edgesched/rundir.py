@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ class RunRecorder:
         and continued, after `rounds`, the rounds recorded by then."""
         if (out_dir / "summary.json").exists():
             raise ConfigError(f"{out_dir} already holds a finished run; choose another --out")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        _make_run_dir(out_dir)
         self.out_dir = out_dir
         self._onnx = config["dataset"] if config.get("onnx-every-round") else None
         if self._onnx:
@@ -98,6 +99,18 @@ class RunRecorder:
             for decision in log:
                 f.write(decision.to_json() + "\n")
         plot_decisions(log, self.out_dir / "decisions.png")
+
+
+def _make_run_dir(out_dir: Path) -> None:
+    """Create `out_dir` (and the folders above it), or fail in one line naming it and why:
+    a file of that name, a path through a file, no permission."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file of that name exists" if isinstance(exc, FileExistsError) else exc.strerror
+        raise ConfigError(f"--out {out_dir}: cannot create the run directory ({why})") from None
+    if not os.access(out_dir, os.W_OK):
+        raise ConfigError(f"{out_dir}: cannot write to the run directory (Permission denied)")
 
 
 class _CsvLog:

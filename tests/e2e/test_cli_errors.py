@@ -140,3 +140,70 @@ def test_resume_bad_input_is_one_clear_line(tmp_path, setup, extra, says):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("out", "says"),
+    [
+        ("/dev/null/run", "--out /dev/null/run: cannot create the run directory (Not a directory)"),
+        ("FILE", "--out FILE: cannot create the run directory (a file of that name exists)"),
+        ("FILE/run", "--out FILE/run: cannot create the run directory (Not a directory)"),
+    ],
+)
+def test_an_out_that_cannot_be_a_directory_is_one_clear_line(tmp_path, out, says):
+    (tmp_path / "file").write_text("not a directory")
+    out, says = (s.replace("FILE", str(tmp_path / "file")) for s in (out, says))
+    result = _run("simulate", "--dataset", "digits", "--rounds", "1", "--out", out)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == f"edgesched: error: {says}", result.stderr
+
+
+def _finished_run(run_dir):
+    """What export reads of a finished digits run: config.json and model.npz (untrained weights)."""
+    import numpy as np
+
+    from edgesched.models import build_model
+
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"dataset": "digits"}')
+    np.savez(run_dir / "model.npz", **{k: v.numpy() for k, v in build_model("digits").state_dict().items()})
+
+
+@pytest.mark.parametrize(
+    ("damage", "out", "says"),
+    [
+        (None, "/dev/null/model.onnx", "--out /dev/null/model.onnx: cannot write the ONNX file (Not a directory)"),
+        (None, "FILE/model.onnx", "--out FILE/model.onnx: cannot write the ONNX file (Not a directory)"),
+        (None, "RUN", "--out RUN: cannot write the ONNX file (Is a directory)"),
+        ("truncate", None, "RUN/model.npz: not an .npz archive (truncated or overwritten?)"),
+        ("garbage", None, "RUN/model.npz: not an .npz archive (truncated or overwritten?)"),
+        ("empty", None, "RUN/model.npz: not an .npz archive (truncated or overwritten?)"),
+        ("other-model", None, "RUN/model.npz: not the digits model's weights "
+                              "(missing, extra or misshapen: net.0.bias, net.0.weight, net.2.bias, ...)"),
+        ("config", None, "RUN/config.json: not a run's config (Expecting"),
+    ],
+)
+def test_export_bad_input_is_one_clear_line(tmp_path, damage, out, says):
+    run_dir = tmp_path / "run"
+    _finished_run(run_dir)
+    (tmp_path / "file").write_text("not a directory")
+    model = run_dir / "model.npz"
+    if damage == "truncate":
+        model.write_bytes(model.read_bytes()[:len(model.read_bytes()) // 2])
+    if damage == "garbage":
+        model.write_text("not a model")
+    if damage == "empty":
+        model.write_bytes(b"")
+    if damage == "other-model":
+        import numpy as np
+
+        np.savez(model, w=np.zeros(3))
+    if damage == "config":
+        (run_dir / "config.json").write_text('{"dataset": ')
+    out, says = (s and s.replace("RUN", str(run_dir)).replace("FILE", str(tmp_path / "file")) for s in (out, says))
+    result = _run("export", "--onnx", str(run_dir), *(["--out", out] if out else []))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"edgesched: error: {says}"), result.stderr
+    assert not (run_dir / "model.onnx").exists()

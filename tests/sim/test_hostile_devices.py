@@ -40,5 +40,5 @@ def test_every_update_of_a_hostile_device_is_refused_for_what_it_is(tmp_path, at
 
 
 def test_an_unknown_attack_is_one_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="dynamics.attack: one of sign-flip, scale, nan, lie-steps, lie-examples"):
+    with pytest.raises(ConfigError, match=r"dynamics\.attack: one of sign-flip, scale, nan, lie-steps, lie-examples"):
         hostile_fleet(tmp_path, "bribe")
