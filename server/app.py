@@ -19,7 +19,7 @@ from edgesched.flower.run import RunResult, Saved, check_strategy, run_on_grid
 from edgesched.mqtt import RegistryListener
 from edgesched.rundir import RunRecorder
 from edgesched.server import checkpoint
-from edgesched.server.telemetry import open_telemetry
+from edgesched.server.telemetry import DropReport, open_telemetry
 
 log = logging.getLogger(__name__)
 app = ServerApp()
@@ -35,18 +35,22 @@ def main(grid: Grid, context: Context) -> None:
         resume = saved.logs if saved else None
         recorder = RunRecorder(Path(cfg.out_dir), cfg.to_mapping(), resume, saved.state.history if resume else None)
 
-    def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
-        log.info("round %d: accuracy %.4f, loss %.4f, %d sent, %d updates in", record.round, record.accuracy,
-                 record.loss, record.selected, record.replied)
-        if recorder is not None:
-            recorder.on_round(record, jobs, model)
-
     with open_telemetry(cfg.telemetry) as telemetry:
+        drops = DropReport(telemetry)
+
+        def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
+            log.info("round %d: accuracy %.4f, loss %.4f, %d sent, %d updates in", record.round, record.accuracy,
+                     record.loss, record.selected, record.replied)
+            drops.after_round(record.round)
+            if recorder is not None:
+                recorder.on_round(record, jobs, model)
+
         result = run_gateway(grid, cfg, on_round, telemetry, recorder)
+        totals = drops.totals()
     if recorder is not None:
         recorder.write_decisions(result.decisions)
         recorder.finish(result.weights, {"dataset": cfg.data.dataset, "clients": cfg.data.clients,
-                                         "strategy": cfg.strategy})
+                                         "strategy": cfg.strategy, **totals})
         log.info("results in %s", cfg.out_dir)
 
 
