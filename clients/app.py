@@ -127,7 +127,7 @@ def _cached_split(key: PartitionKey) -> tuple[np.ndarray, np.ndarray]:
     except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):  # not there yet, or damaged
         pass
     x, y = _split(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, x=x, y=y)
     atomic_write(path, buffer.getvalue())

@@ -20,15 +20,18 @@ def job_report_path(device_id: str) -> Path:
 
 def state_dir() -> Path:
     """What a board's edgesched processes keep between jobs: EDGESCHED_STATE_DIR, else the user's
-    runtime folder, else the temp folder; always its `edgesched` subfolder."""
-    base = os.environ.get("EDGESCHED_STATE_DIR") or os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    runtime folder, else the user's state folder (~/.local/state); always its `edgesched`
+    subfolder. Never the shared temp folder: whoever made /tmp/edgesched first would feed the
+    agent its speeds and the ClientApp its data."""
+    base = os.environ.get("EDGESCHED_STATE_DIR") or os.environ.get("XDG_RUNTIME_DIR") \
+        or os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "edgesched"
 
 
 def write_job_report(device_id: str, samples_per_s: float, job_s: float) -> None:
     """Atomically replace the job report (write, fsync, rename), so a reader never sees half."""
     path = job_report_path(device_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     payload = json.dumps({"train_samples_per_s": samples_per_s, "last_job_s": job_s})
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".job-")
     with os.fdopen(fd, "w") as f:

@@ -79,3 +79,14 @@ def test_the_shipped_placeholder_password_is_refused_and_a_clear_text_one_is_nam
     assert not caplog.records
     make_client(BrokerURL.parse("mqtt://pi-1:s3cret@gw.local"), "c")
     assert [r.levelname for r in caplog.records] == ["WARNING"] and "plain mqtt://" in caplog.records[0].message
+
+
+def test_a_boards_state_never_falls_back_to_the_shared_temp_folder(tmp_path, monkeypatch):
+    from edgesched.clients.job_report import job_report_path, state_dir, write_job_report
+
+    for name in ("EDGESCHED_STATE_DIR", "XDG_RUNTIME_DIR", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert state_dir() == tmp_path / ".local" / "state" / "edgesched"
+    write_job_report("pi-1", 100.0, 2.0)
+    assert job_report_path("pi-1").parent.stat().st_mode & 0o777 == 0o700  # the board's user's alone
