@@ -315,6 +315,36 @@ def agent(
     run_agent(config, speed_test)
 
 
+@app.command()
+def gate(
+    certfile: Annotated[Path, Opt(help="The gateway's TLS certificate, the one the boards' CA signed.")],
+    keyfile: Annotated[Path, Opt(help="Its private key.")],
+    listen: Annotated[str, Opt(help="host:port the boards dial (their SuperNodes' --superlink).")] = "0.0.0.0:9092",
+    superlink: Annotated[str, Opt(help="The SuperLink on this gateway's loopback.")] = "https://127.0.0.1:9093",
+    ca_file: Annotated[Path | None, Opt(help="CA that signed the SuperLink's certificate (https:// only).")] = None,
+) -> None:
+    """Serve the SuperLink's Fleet API to the boards, and nothing else.
+
+    Flower's SuperLink serves the Fleet API, the Control API (flwr run, flwr supernode
+    register) and its runtime API on one port. On a gateway it listens on loopback, and this
+    gate, on the boards' network, passes on only what SuperNodes send: nobody who can reach
+    the boards' port can register a key or start a run (docs/deploy.md)."""
+    import logging
+
+    from edgesched.gate import serve
+
+    for name, path in (("--certfile", certfile), ("--keyfile", keyfile), ("--ca-file", ca_file)):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{name} {path}: no such file")
+    port = listen.rpartition(":")[2]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--listen {listen!r}: expected host:port")
+    if not superlink.startswith(("http://", "https://")):
+        raise ConfigError(f"--superlink {superlink!r}: expected https://host:port")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    serve(listen, superlink, str(certfile), str(keyfile), str(ca_file) if ca_file else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors become one line on stderr and a non-zero exit code."""
     command = typer.main.get_command(app)

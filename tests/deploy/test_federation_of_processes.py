@@ -1,6 +1,6 @@
 """A real federation on loopback: Mosquitto with TLS, Flower's SuperLink with TLS and SuperNode
-authentication (as deploy/gateway/flower-superlink.service runs it), the edgesched ServerApp,
-SuperNodes enrolled with their own keys, and device agents, each its own process.
+authentication behind the fleet gate (as deploy/gateway's units run them), the edgesched
+ServerApp, SuperNodes enrolled with their own keys, and device agents, each its own process.
 
 With four boards: one device's SuperNode and agent are killed mid-run: its Last Will reaches
 the gateway through MQTT, its job is dropped within seconds (Flower alone notices a dead
@@ -128,7 +128,7 @@ class Federation:
         self.node_ids: dict[str, int] = {}
         password_file(folder, {"gateway": "gw-secret", **{d: f"{d}-secret" for d in devices}})
         self.broker = Mosquitto(folder, shipped_config(folder), tls=True)
-        self.link, home = free_port(), folder / "flwr-home"
+        self.link, self.door, home = free_port(), free_port(), folder / "flwr-home"
         home.mkdir()
         (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
                                           f'address = "127.0.0.1:{self.link}"\n'
@@ -155,11 +155,14 @@ class Federation:
         self.procs.start(name, BIN / "flower-superlink", "--ssl-certfile", self.folder / "server.crt",
                          "--ssl-keyfile", self.folder / "server.key", "--ssl-ca-certfile", self.folder / "ca.crt",
                          "--enable-supernode-auth", "--database", self.folder / "superlink.db",
-                         "--disable-runtime-dependency-installation", "--port", str(self.link),
-                         EDGESCHED_MQTT_PASSWORD="gw-secret")
+                         "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port",
+                         str(self.link), EDGESCHED_MQTT_PASSWORD="gw-secret")
 
     def _start(self) -> None:
         self.start_superlink()
+        self.procs.start("gate", sys.executable, "-m", "edgesched", "gate", "--listen", f"127.0.0.1:{self.door}",
+                         "--superlink", f"https://127.0.0.1:{self.link}", "--ca-file", self.folder / "ca.crt",
+                         "--certfile", self.folder / "server.crt", "--keyfile", self.folder / "server.key")
         for device in self.devices:
             self.node_ids[device] = self.enrol(device)
             state = self.folder / f"state-{device}"  # where the ClientApp leaves job speeds for the agent
@@ -200,7 +203,7 @@ class Federation:
 
     def start_supernode(self, device: str, *args: str, **env: str) -> subprocess.Popen:
         return self.procs.start(f"supernode-{device}", BIN / "flower-supernode", "--superlink",
-                                f"127.0.0.1:{self.link}", "--root-certificates", self.folder / "ca.crt",
+                                f"127.0.0.1:{self.door}", "--root-certificates", self.folder / "ca.crt",
                                 "--auth-supernode-private-key", self.folder / f"{device}.key",
                                 "--port", str(free_port()), *args, **env)
 
