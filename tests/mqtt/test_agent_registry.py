@@ -195,6 +195,29 @@ def test_shipped_config_binds_each_login_to_its_own_client_id(mosquitto_factory,
             rogue.disconnect()
 
 
+def test_a_boards_login_reads_no_other_devices_telemetry(mosquitto_factory, listen, agents, tmp_path):
+    """With only its bundle (the CA, its own login), a board subscribes to everything and hears nothing."""
+    password_file(tmp_path, {"gateway": "gw-secret", "pi-a": "a-secret", "pi-b": "b-secret"})
+    server = mosquitto_factory(shipped_config(tmp_path), tls=True)
+    ca = str(tmp_path / "ca.crt")
+    heard: list[str] = []
+    spy = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="spy")
+    spy.username_pw_set("pi-b", "b-secret")
+    spy.tls_set(ca_certs=ca)
+    spy.on_message = lambda client, userdata, msg: heard.append(msg.topic)
+    spy.on_connect = lambda client, *_: client.subscribe([("#", 1), ("edgesched/v1/#", 1), ("$SYS/#", 1)])
+    spy.connect("localhost", server.port)
+    spy.loop_start()
+    try:
+        listener = listen(server.url, username="gateway", password="gw-secret", ca_file=ca)
+        agents(server.url, "pi-a", "--username", "pi-a", "--ca-file", ca, password="a-secret")
+        wait_until(_online_with_beats(listener, "pi-a", 3), 15, "pi-a heard by the gateway")
+        assert spy.is_connected() and heard == []  # retained status and capabilities included
+    finally:
+        spy.loop_stop()
+        spy.disconnect()
+
+
 def test_tls_with_a_test_ca(mosquitto_factory, listen, agents, tmp_path):
     certs = make_test_ca(tmp_path)
     conf = f"allow_anonymous true\ncafile {certs['ca']}\ncertfile {certs['cert']}\nkeyfile {certs['key']}\n"
