@@ -8,6 +8,7 @@ step that a restarted gateway goes on from (server.checkpoint).
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from flwr.app import Context
@@ -27,6 +28,7 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    _log_progress()
     cfg = RunConfig.from_mapping(context.run_config)
     check_strategy(cfg)
     saved = checkpoint.saved_run(cfg)
@@ -52,6 +54,18 @@ def main(grid: Grid, context: Context) -> None:
         recorder.finish(result.weights, {"dataset": cfg.data.dataset, "clients": cfg.data.clients,
                                          "strategy": cfg.strategy, **totals})
         log.info("results in %s", cfg.out_dir)
+
+
+def _log_progress() -> None:
+    """edgesched's lines (a round's accuracy, refused updates, quarantines) to stdout, which Flower
+    mirrors into the run's log stream: they reach `flwr run --stream` and the gateway's journal.
+    Without a handler of its own, Python would show only warnings."""
+    logger = logging.getLogger("edgesched")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def run_gateway(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,

@@ -323,6 +323,8 @@ def test_thirty_percent_of_the_boards_die_at_random_during_rounds_and_the_run_co
             killed[victim] = fed.power_off(victim)
         _wait(lambda: run.poll() is not None, 600, "the end of the run")
         assert (fed.out / "summary.json").exists(), fed.log("flwr-run")[-3000:]
+    # The operator follows the run: a line per round reaches `flwr run --stream`.
+    assert all(f"round {r}: accuracy" in fed.log("flwr-run") for r in (1, 2, 3)), fed.log("flwr-run")[-3000:]
     _assert_ended_with_a_model(fed)
     in_flight = sum(fed.assert_dropped_through_mqtt(v, t) for v, t in killed.items())
     print(f"{in_flight} jobs were in flight on the boards that died")
