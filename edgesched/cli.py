@@ -115,6 +115,14 @@ def simulate(
         "With --fleet: probability that a delivered update is corrupt — NaN, or 100x too large — as from a "
         "board with failing memory or a broken client build (overrides the file)."
     ))] = None,
+    malicious: Annotated[float | None, Opt(help=(
+        "With --fleet: share of the devices that are hostile (drawn from the seed): every update they deliver "
+        "is an --attack (overrides the file)."
+    ))] = None,
+    attack: Annotated[str | None, Opt(help=(
+        "With --fleet: what hostile devices do: sign-flip (the change they trained, reversed), scale (100x), "
+        "nan, lie-steps or lie-examples (honest weights, a billion claimed). Default sign-flip."
+    ))] = None,
     onnx_every_round: Annotated[bool, Opt("--onnx-every-round", help=(
         "Also write each round's global model as RUN_DIR/onnx/round-NNNN.onnx, for boards that only infer "
         "(needs onnx: pip install 'edgesched[onnx]'). `edgesched export --onnx` writes the final one."
@@ -159,12 +167,14 @@ def simulate(
 
         spec = load_fleet(fleet).with_overrides(
             seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
-            strategy=chosen, bad_updates=bad_updates, onnx_every_round=onnx_every_round,
+            strategy=chosen, bad_updates=bad_updates, malicious=malicious, attack=attack,
+            onnx_every_round=onnx_every_round,
             scheduler=scheduler_keys, time_budget=time_budget)
         _simulate_fleet(spec, broker, out, engine)
         return
-    if dropout is not None or broker is not None or bad_updates is not None or engine != "ray":
-        raise ConfigError("--dropout, --bad-updates, --broker and --engine need --fleet: they describe a virtual fleet")
+    if any(v is not None for v in (dropout, broker, bad_updates, malicious, attack)) or engine != "ray":
+        raise ConfigError("--dropout, --bad-updates, --malicious, --attack, --broker and --engine need --fleet: "
+                          "they describe a virtual fleet")
     if chosen in STRATEGIES and chosen not in GATEWAY_STRATEGIES:
         raise ConfigError(f"--strategy {chosen} is a baseline for virtual fleets: it needs --fleet")
     cfg = RunConfig.from_mapping({

@@ -67,7 +67,8 @@ class FleetSpec:
 
     def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
                        data_dir: str | None = None, strategy: str | None = None,
-                       bad_updates: float | None = None, onnx_every_round: bool = False,
+                       bad_updates: float | None = None, malicious: float | None = None,
+                       attack: str | None = None, onnx_every_round: bool = False,
                        scheduler: Mapping[str, str] | None = None, time_budget: float | None = None) -> FleetSpec:
         """The same fleet with CLI overrides applied (None keeps the file's value); `scheduler`
         holds kebab-case scheduler settings (`--scheduler`)."""
@@ -78,10 +79,15 @@ class FleetSpec:
             self.dynamics,
             dropout=self.dynamics.dropout if dropout is None else dropout,
             bad_updates=self.dynamics.bad_updates if bad_updates is None else bad_updates,
+            malicious=self.dynamics.malicious if malicious is None else malicious,
+            attack=self.dynamics.attack if attack is None else attack,
         )
-        for flag, value in (("--dropout", dynamics.dropout), ("--bad-updates", dynamics.bad_updates)):
+        for flag, value in (("--dropout", dynamics.dropout), ("--bad-updates", dynamics.bad_updates),
+                            ("--malicious", dynamics.malicious)):
             if not 0 <= value <= 1:
                 raise ConfigError(f"{flag} must be in [0, 1], got {value}")
+        if dynamics.attack not in ATTACKS:
+            raise ConfigError(f"--attack: unknown {dynamics.attack!r}; choose one of {', '.join(ATTACKS)}")
         return dataclasses.replace(self, seed=run.seed, run=run, dynamics=dynamics)
 
 

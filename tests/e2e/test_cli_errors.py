@@ -14,6 +14,9 @@ def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
+NEED_FLEET = "--dropout, --bad-updates, --malicious, --attack, --broker and --engine need --fleet"
+
+
 @pytest.mark.parametrize(
     ("args", "code", "says"),
     [
@@ -73,11 +76,14 @@ def test_agent_bad_input_is_one_clear_line(args, says):
     ("args", "says"),
     [
         (["--fleet", "garage-3"], "fleet file garage-3 not found; shipped fleets:"),
-        (["--dropout", "0.2"], "--dropout, --bad-updates, --broker and --engine need --fleet"),
-        (["--broker", "embedded"], "--dropout, --bad-updates, --broker and --engine need --fleet"),
-        (["--engine", "in-process"], "--dropout, --bad-updates, --broker and --engine need --fleet"),
+        (["--dropout", "0.2"], NEED_FLEET),
+        (["--broker", "embedded"], NEED_FLEET),
+        (["--engine", "in-process"], NEED_FLEET),
         (["--fleet", "lab-20", "--engine", "threads"], "--engine: unknown 'threads'; choose one of ray, in-process"),
         (["--fleet", "lab-20", "--bad-updates", "1.5"], "--bad-updates must be in [0, 1]"),
+        (["--fleet", "lab-20", "--malicious", "-0.1"], "--malicious must be in [0, 1]"),
+        (["--fleet", "lab-20", "--attack", "bribe"], "--attack: unknown 'bribe'; choose one of sign-flip, scale"),
+        (["--attack", "nan"], "--malicious, --attack, --broker and --engine need --fleet"),
         (["--fleet", "lab-20", "--strategy", "oort"], "strategy: choose one of fedavg, fedprox, deadline, fedbuff, "
                                                       "edgesched, edgesched-no-prediction"),
         (["--strategy", "oort"], "strategy: choose one of fedavg, fedprox,"),
