@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from edgesched.config import RunConfig
 from edgesched.core.records import JobRecord, Model, RoundCallback, RoundRecord
+from edgesched.errors import EdgeschedError
 from edgesched.flower.run import RunResult, Saved, check_strategy, run_on_grid
 from edgesched.mqtt import RegistryListener
 from edgesched.rundir import RunRecorder
@@ -49,11 +50,14 @@ def main(grid: Grid, context: Context) -> None:
 
         result = run_gateway(grid, cfg, on_round, telemetry, recorder)
         totals = drops.totals()
+    stopped = {"stopped": result.stopped} if result.stopped else {}
     if recorder is not None:
         recorder.write_decisions(result.decisions)
         recorder.finish(result.weights, {"dataset": cfg.data.dataset, "clients": cfg.data.clients,
-                                         "strategy": cfg.strategy, **totals})
+                                         "strategy": cfg.strategy, **totals, **stopped})
         log.info("results in %s", cfg.out_dir)
+    if result.stopped:  # the model and logs are written; Flower marks the run failed, with the reason
+        raise EdgeschedError(f"the run stopped after round {len(result.rounds)} of {cfg.rounds}: {result.stopped}")
 
 
 def _log_progress() -> None:
@@ -79,5 +83,6 @@ def run_gateway(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
 
     resume = Saved(saved.state, saved.policy, saved.fleet) if saved else None
     result = run_on_grid(grid, cfg, on_round, telemetry, resume, save if cfg.checkpoint_dir else None)
-    checkpoint.remove(cfg)
+    if result.stopped is None:  # a stopped run keeps it: started again, it goes on once devices are back
+        checkpoint.remove(cfg)
     return result

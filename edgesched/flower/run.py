@@ -24,7 +24,7 @@ from edgesched.core.engine import Engine, EngineState
 from edgesched.core.events import Event
 from edgesched.core.predict import Predictor
 from edgesched.core.records import RoundCallback, RoundRecord
-from edgesched.errors import ConfigError
+from edgesched.errors import ConfigError, EdgeschedError
 from edgesched.flower.nodes import FleetMemory, FlowerFleet, wait_for_nodes
 from edgesched.flower.transport import FlowerTransport
 from edgesched.mqtt import RegistryListener
@@ -67,6 +67,7 @@ class RunResult:
     weights: dict[str, np.ndarray]
     rounds: list[RoundRecord]
     decisions: list[Decision] = field(default_factory=list)  # the adaptive scheduler's log
+    stopped: str | None = None  # why the run ended before its last step, if it did
 
 
 def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
@@ -95,7 +96,11 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
                     scorer(model, ds.x_test, ds.y_test), on_round, lambda: time.monotonic() - started, checkpoint)
     if resume is not None:
         engine.write_off(state, list(state.jobs), time.time(), "gateway restarted")
-    engine.run(state, cfg.rounds, time.time() + cfg.time_budget if cfg.time_budget else None)
+    try:
+        engine.run(state, cfg.rounds, time.time() + cfg.time_budget if cfg.time_budget else None)
+    except EdgeschedError as exc:  # the fleet cannot go on (e.g. every device stuck): keep what was trained
+        log.error("the run stops after round %d of %d: %s", state.step, cfg.rounds, exc)
+        return RunResult(state.weights(), state.history, list(policy.log), stopped=str(exc))
     return RunResult(state.weights(), state.history, list(policy.log))
 
 

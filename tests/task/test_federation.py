@@ -250,6 +250,29 @@ def test_a_gateway_checkpoint_of_another_format_is_a_clear_error(tmp_path, forma
         run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
 
 
+class SilentGrid(LocalGrid):
+    """Every board takes its first job and is never heard from again, though Flower still lists it."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg, msg_id in zip(messages, ids, strict=True):
+            if msg.metadata.message_type == "train":
+                del self._replies[msg_id]
+        return ids
+
+
+def test_a_run_whose_every_board_is_stuck_stops_with_its_model_and_its_checkpoint(tmp_path):
+    """No board can take work for a whole round timeout: the run stops with a reason, and what it
+    trained is kept, as is its checkpoint (started again, it goes on once boards are back)."""
+    cfg = adaptive(rounds=4, **{"checkpoint-dir": str(tmp_path), "round-timeout": 3.0, "min-deadline": 0.5})
+    result = run_gateway(SilentGrid(NODE_CONFIGS), cfg, lambda *_: None)
+    assert result.stopped is not None and "no device could take work" in result.stopped
+    assert len(result.rounds) == 1 and set(result.weights) == {"net.0.weight", "net.0.bias", "net.2.weight",
+                                                               "net.2.bias"}
+    assert (tmp_path / CHECKPOINT).exists()
+
+
 class DeadNodeGrid(LocalGrid):
     """Flower still lists node 303 (it does for about a minute), but its board is dead: nothing
     sent to it is ever answered."""
