@@ -9,9 +9,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -49,10 +50,17 @@ class RunRecorder:
             (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         self._round_csv = _CsvLog(out_dir / "rounds.csv", RoundRecord, resume and resume["rounds.csv"])
         self._job_csv = _CsvLog(out_dir / "jobs.csv", JobRecord, resume and resume["jobs.csv"])
+        self._decisions: IO[str] | None = None  # decisions.jsonl, opened at the first decision
+        self._decided = 0  # decisions written
+        if resume and resume.get("decisions.jsonl"):
+            self._decisions = open_log(out_dir / "decisions.jsonl", resume["decisions.jsonl"])
+            with (out_dir / "decisions.jsonl").open() as f:
+                self._decided = sum(1 for _ in f)
 
     def offsets(self) -> dict[str, int]:
         """Bytes written to each log so far: where a resumed run continues them."""
-        return {"rounds.csv": self._round_csv.tell(), "jobs.csv": self._job_csv.tell()}
+        return {"rounds.csv": self._round_csv.tell(), "jobs.csv": self._job_csv.tell(),
+                "decisions.jsonl": self._decisions.tell() if self._decisions else 0}
 
     def on_round(self, record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
         if self._onnx:
@@ -90,15 +98,26 @@ class RunRecorder:
         with (self.out_dir / "jobs.csv").open(newline="") as f:
             return len({row["partition"] for row in csv.DictReader(f)})
 
-    def write_decisions(self, log: list[Decision]) -> None:
-        """The scheduler's decision log as decisions.jsonl, and its picture as decisions.png
-        (a policy that keeps no log writes neither)."""
-        if not log:
+    def add_decisions(self, log: Sequence[Decision]) -> None:
+        """Append the decisions made since the last call to decisions.jsonl, so that it grows as
+        the run goes (`log`: the policy's whole log so far)."""
+        if len(log) <= self._decided:
             return
-        with (self.out_dir / "decisions.jsonl").open("w") as f:
-            for decision in log:
-                f.write(decision.to_json() + "\n")
-        plot_decisions(log, self.out_dir / "decisions.png")
+        if self._decisions is None:
+            self._decisions = (self.out_dir / "decisions.jsonl").open("w")
+        for decision in log[self._decided:]:
+            self._decisions.write(decision.to_json() + "\n")
+        self._decisions.flush()
+        self._decided = len(log)
+
+    def write_decisions(self, log: list[Decision]) -> None:
+        """The rest of the scheduler's decision log, and its picture as decisions.png (a policy
+        that keeps no log writes neither)."""
+        self.add_decisions(log)
+        if self._decisions is not None:
+            self._decisions.close()
+        if log:
+            plot_decisions(log, self.out_dir / "decisions.png")
 
 
 def _make_run_dir(out_dir: Path) -> None:

@@ -75,14 +75,19 @@ def _log_progress() -> None:
 def run_gateway(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
                 recorder: RunRecorder | None = None) -> RunResult:
     """The run on the gateway: from its checkpoint if a previous start of it left one, writing one
-    after every step with `checkpoint-dir` (with the run directory's log sizes, from `recorder`)."""
+    after every step with `checkpoint-dir` (with the run directory's log sizes, from `recorder`),
+    and the step's decisions into the run directory."""
     saved = checkpoint.saved_run(cfg)
 
-    def save(state: Saved) -> None:
-        checkpoint.save(cfg, state, recorder.offsets() if recorder else None)
+    def after_step(state: Saved) -> None:
+        if recorder is not None:  # decisions.jsonl grows as the run goes
+            recorder.add_decisions(state.policy.log)
+        if cfg.checkpoint_dir:
+            checkpoint.save(cfg, state, recorder.offsets() if recorder else None)
 
     resume = Saved(saved.state, saved.policy, saved.fleet) if saved else None
-    result = run_on_grid(grid, cfg, on_round, telemetry, resume, save if cfg.checkpoint_dir else None)
+    result = run_on_grid(grid, cfg, on_round, telemetry, resume,
+                         after_step if cfg.checkpoint_dir or recorder is not None else None)
     if result.stopped is None:  # a stopped run keeps it: started again, it goes on once devices are back
         checkpoint.remove(cfg)
     return result

@@ -113,6 +113,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                     begun = time.perf_counter()
                     telemetry.sync()
                     events.flush()
+                    recorder.add_decisions(policy.log)  # decisions.jsonl grows as the run goes
                     logs = {**recorder.offsets(), "events.jsonl": events.tell()}
                     checkpoint.save(out_dir, Checkpoint(spec, broker, at, policy, clock, transport.snapshot(), fleet,
                                                         telemetry, logs))

@@ -250,6 +250,25 @@ def test_a_gateway_checkpoint_of_another_format_is_a_clear_error(tmp_path, forma
         run_gateway(LocalGrid(NODE_CONFIGS), cfg, cut_at_round_3)
 
 
+def test_decisions_jsonl_grows_as_the_gateway_run_goes(tmp_path):
+    from edgesched.rundir import RunRecorder
+
+    cfg = adaptive(rounds=3)
+    recorder = RunRecorder(tmp_path / "run", cfg.to_mapping())
+    seen: list[int] = []
+
+    def on_round(record, jobs, model):
+        path = tmp_path / "run" / "decisions.jsonl"
+        seen.append(len(path.read_text().splitlines()) if path.exists() else 0)
+        recorder.on_round(record, jobs, model)
+
+    result = run_gateway(LocalGrid(NODE_CONFIGS), cfg, on_round, recorder=recorder)
+    recorder.write_decisions(result.decisions)
+    assert seen[0] == 0 and 0 < seen[1] < seen[2]  # each step's decisions are in before the next step ends
+    written = (tmp_path / "run" / "decisions.jsonl").read_text().splitlines()
+    assert written == [d.to_json() for d in result.decisions]  # all of them, once, in order
+
+
 class SilentGrid(LocalGrid):
     """Every board takes its first job and is never heard from again, though Flower still lists it."""
 
