@@ -7,7 +7,7 @@ TLS needs is in every board's bundle, and registering asks nothing more. So on a
 SuperLink listens on loopback, where only its operator is, and this gate listens for the boards:
 it terminates TLS with the gateway's certificate and passes on requests under `/v1/fleet/`
 (SuperNodes still sign each one with their enrolled key, which the SuperLink checks); every other
-path is refused with 403 and counted.
+path is refused with 403 and a line in the log.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,7 +36,6 @@ class FleetGate:
     def __init__(self, upstream: str, ca_file: str | None = None) -> None:
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
         self.client = httpx.AsyncClient(base_url=upstream.rstrip("/"), verify=verify, timeout=TIMEOUT_S)
-        self.refused: Counter[str] = Counter()  # first path segments asked for and refused
         self.app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST", "PUT", "DELETE"])],
                              lifespan=self._lifespan)
 
@@ -50,7 +48,6 @@ class FleetGate:
         path = request.url.path
         if not path.startswith(FLEET_PREFIX) or ".." in path:
             what = "/".join(path.split("/")[:4])
-            self.refused[what] += 1
             log.warning("refused %s %s from %s (only the Fleet API is served here)", request.method, what,
                         request.client.host if request.client else "?")
             return PlainTextResponse("only the Fleet API is served here; the SuperLink's other APIs are on the "
