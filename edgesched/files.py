@@ -98,11 +98,12 @@ class _SafeUnpickler(pickle.Unpickler):
     numpy, Flower and the standard library pickle their objects with (`HELPERS`)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if f"{module}.{name}" in HELPERS or (module in STATE_MODULES and "." not in name):
-            found = super().find_class(module, name)
-            if f"{module}.{name}" in HELPERS or isinstance(found, type):
-                return found
-        raise _Forbidden(f"{module}.{name}")
+        full = f"{module}.{name}"
+        if full in HELPERS:
+            return super().find_class(module, name)
+        if module in STATE_MODULES and "." not in name and isinstance(found := super().find_class(module, name), type):
+            return found
+        raise _Forbidden(full)
 
 
 MAGIC = b"edgesched-checkpoint 1\n"

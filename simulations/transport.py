@@ -154,8 +154,7 @@ class VirtualTransport:
         self.device_seconds += job.compute_spent_s
         self.bytes_down += self.fleet.model_bytes if job.ends_at >= job.compute_start else 0
         self.bytes_up += self.fleet.model_bytes if job.delivers else 0
-        flight = Flight(job, msg, None, None if not job.delivers else
-                        self.fleet.dyn.attack if index in self.hostile else self._corruption())
+        flight = Flight(job, msg, None, self._corruption(index) if job.delivers else None)
         self.flights[vid] = flight
         if job.delivers and (deadline is None or job.end <= deadline):  # a reply nobody reads is not trained
             flight.real_id = self.executors.push(msg)
@@ -184,8 +183,11 @@ class VirtualTransport:
         busy = [d.busy_until for d in self.fleet.devices]
         self.clock.advance(max([self.clock.now(), *ends, *busy]))
 
-    def _corruption(self) -> str | None:
-        """Whether a delivered update arrives corrupt, and how: a faulty board's memory or build."""
+    def _corruption(self, index: int) -> str | None:
+        """Whether a delivered update arrives corrupt, and how: a hostile device's attack, always;
+        else, now and then, a faulty board's memory or build."""
+        if index in self.hostile:
+            return self.fleet.dyn.attack
         rate = self.fleet.dyn.bad_updates
         if rate <= 0 or self._faults.random() >= rate:
             return None

@@ -135,7 +135,8 @@ def _norm(tensors: Sequence[np.ndarray]) -> float:
 def refusal(trained: Sequence[np.ndarray], base: Sequence[np.ndarray], metrics: JobMetrics,
             bounds: Bounds | None) -> str | None:
     """Why a reply's update may not be used at all, or None (`bounds`: what the gateway knows
-    of the job; None only where nothing is known, e.g. a hand-made test transport)."""
+    of the job, which the engine records for every job it sends; None: only its tensors and
+    the plain sense of its figures can be checked)."""
     if bounds is not None:
         if metrics.partition != bounds.partition:
             return "claims_partition"
