@@ -1,7 +1,9 @@
 # The two commands that do all set-up on a fresh machine:
-#   make simulate   - a federated simulation on real data (Fashion-MNIST) with the defaults
+#   make simulate   - a virtual fleet of boards and phones training Fashion-MNIST under the adaptive
+#                     scheduler, watched on a live dashboard, then the same fleet under FedAvg
 #   make test       - lint, type-check the core, and the full test suite
-# Pass options through ARGS, e.g.  make simulate ARGS='--dataset digits --rounds 5'
+# Pass more options through ARGS, e.g.  make simulate ARGS='--seed 1'; the plain federation of 10
+# identical clients under FedAvg is  make simulate MAIN=
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,12 +11,14 @@ BIN := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: simulate test setup data mosquitto deploy-tools
+MAIN ?= --fleet mixed-24 --dashboard --compare fedavg
+
+.PHONY: simulate test setup data mosquitto deploy-tools browser
 
 simulate: setup data
-	FLWR_TELEMETRY_ENABLED=0 $(BIN)/edgesched simulate $(ARGS)
+	FLWR_TELEMETRY_ENABLED=0 $(BIN)/edgesched simulate $(MAIN) $(ARGS)
 
-test: setup data mosquitto deploy-tools
+test: setup data mosquitto deploy-tools browser
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	FLWR_TELEMETRY_ENABLED=0 $(BIN)/pytest $(PYTEST_ARGS)
@@ -27,7 +31,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[simulation,broker,onnx,dev]'
+	$(BIN)/pip install --quiet -e '.[simulation,broker,onnx,dashboard,dev]'
 	$(BIN)/pip install --quiet --no-deps amqtt==0.12.1
 	touch $@
 
@@ -50,3 +54,10 @@ deploy-tools:
 	elif command -v apt-get >/dev/null; then \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck openssh-client; \
 	else echo "shellcheck or ssh-keygen is not installed: the deployment tests will fail or be skipped"; fi
+
+# The dashboard's test drives a real headless browser: Debian's chromium and its driver.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif command -v apt-get >/dev/null; then \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver; \
+	else echo "chromium or chromedriver is not installed: the dashboard's browser test will be skipped"; fi

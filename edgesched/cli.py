@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -132,6 +134,14 @@ def simulate(
         "in-process (one core, no 10-20 s engine start, plain tracebacks: short runs and debugging). "
         "Results are byte-identical either way."
     ))] = "ray",
+    dashboard: Annotated[bool, Opt("--dashboard", help=(
+        "Watch the run in a browser while it goes: the fleet, accuracy against time, who trained when, the "
+        "scheduler's decisions, and Prometheus metrics at /metrics (needs pip install 'edgesched[dashboard]'). "
+        "Served on loopback; `edgesched dashboard RUN_DIR` replays a finished run."))] = False,
+    dashboard_port: Annotated[int, Opt(help="Port for --dashboard (another free one if it is taken).")] = 8765,
+    compare: Annotated[str | None, Opt(help=(
+        "With --fleet: then run the same fleet under this strategy (e.g. fedavg, fedbuff) into RUN_DIR-STRATEGY "
+        "and draw both runs' accuracy against virtual time in RUN_DIR/compare.png."))] = None,
     resume: Annotated[Path | None, Opt(help=(
         "Continue a stopped fleet run (killed, crashed, the machine rebooted) from its run directory, with "
         "its own settings: the adaptive scheduler's strategies checkpoint after every round, and the resumed "
@@ -151,9 +161,10 @@ def simulate(
         given = [f"--{name.replace('_', '-')}" for name in click.get_current_context().params
                  if name not in ("resume", "engine") and click.get_current_context().get_parameter_source(name)
                  == click.core.ParameterSource.COMMANDLINE]
-        if given:
+        if given and set(given) - {"--dashboard", "--dashboard-port"}:
             raise ConfigError(f"--resume continues the run with its own settings; drop {', '.join(given)}")
-        _resume_fleet(resume, engine)
+        with _dashboard(resume, dashboard, dashboard_port):
+            _resume_fleet(resume, engine)
         return
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -170,11 +181,13 @@ def simulate(
             strategy=chosen, bad_updates=bad_updates, malicious=malicious, attack=attack,
             onnx_every_round=onnx_every_round,
             scheduler=scheduler_keys, time_budget=time_budget)
-        _simulate_fleet(spec, broker, out, engine)
+        if compare is not None and compare not in STRATEGIES:
+            raise ConfigError(f"--compare: unknown strategy {compare!r}; choose one of {', '.join(STRATEGIES)}")
+        _simulate_fleet(spec, broker, out, engine, dashboard, dashboard_port, compare)
         return
-    if any(v is not None for v in (dropout, broker, bad_updates, malicious, attack)) or engine != "ray":
-        raise ConfigError("--dropout, --bad-updates, --malicious, --attack, --broker and --engine need --fleet: "
-                          "they describe a virtual fleet")
+    if any(v is not None for v in (dropout, broker, bad_updates, malicious, attack, compare)) or engine != "ray":
+        raise ConfigError("--dropout, --bad-updates, --malicious, --attack, --broker, --compare and --engine need "
+                          "--fleet: they describe a virtual fleet")
     if chosen in STRATEGIES and chosen not in GATEWAY_STRATEGIES:
         raise ConfigError(f"--strategy {chosen} is a baseline for virtual fleets: it needs --fleet")
     cfg = RunConfig.from_mapping({
@@ -186,18 +199,56 @@ def simulate(
     out_dir = out or Path("runs") / f"{cfg.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     from edgesched.simulations.engine import simulate as run
 
-    summary = run(cfg, out_dir)
+    with _dashboard(out_dir, dashboard, dashboard_port):
+        summary = run(cfg, out_dir)
     typer.echo(
         f"final accuracy {summary['final_accuracy']:.2%} after {summary['rounds']} rounds "
         f"in {summary['seconds']:.0f} s; results in {out_dir}"
     )
 
 
-def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None, engine: str) -> None:
+def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None, engine: str, dashboard: bool = False,
+                    port: int = 8765, compare: str | None = None) -> None:
     from edgesched.simulations.fleet_run import IN_PROCESS, simulate_fleet
 
     out_dir = out or Path("runs") / f"{spec.name}-{spec.run.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
-    _report(spec, out_dir, simulate_fleet(spec, out_dir, broker or IN_PROCESS, engine=engine))
+    with _dashboard(out_dir, dashboard, port):
+        summary = simulate_fleet(spec, out_dir, broker or IN_PROCESS, engine=engine)
+    _report(spec, out_dir, summary)
+    if compare is None:
+        return
+    from edgesched.simulations.compare import compare_runs
+
+    other = out_dir.with_name(f"{out_dir.name}-{compare}")
+    typer.echo(f"the same fleet under {compare}, for comparison:", err=True)
+    other_summary = simulate_fleet(spec.with_overrides(strategy=compare), other, broker or IN_PROCESS, engine=engine)
+    _report(spec.with_overrides(strategy=compare), other, other_summary)
+    typer.echo(compare_runs(spec, [out_dir, other], out_dir / "compare.png"))
+
+
+@contextmanager
+def _dashboard(run_dir: Path, wanted: bool, port: int) -> Iterator[None]:
+    """With `wanted`, the run's dashboard is served beside it (edgesched.dashboard.child)."""
+    if not wanted:
+        yield
+        return
+    from edgesched.dashboard.child import DashboardProcess, free_port
+
+    _need_dashboard_extra()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with DashboardProcess(run_dir, "127.0.0.1", free_port("127.0.0.1", port)) as served:
+        typer.echo(f"dashboard: {served.url} (metrics at {served.url}metrics)", err=True)
+        yield
+    typer.echo(f"the dashboard stopped with the run; replay it: edgesched dashboard {run_dir}", err=True)
+
+
+def _need_dashboard_extra() -> None:
+    import importlib.util
+
+    modules = ("starlette", "uvicorn", "plotly", "prometheus_client")
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"the dashboard needs {', '.join(missing)}: pip install 'edgesched[dashboard]'")
 
 
 def _resume_fleet(run_dir: Path, engine: str) -> None:
@@ -279,6 +330,38 @@ def _unwritable(target: Path) -> str | None:
             "No such directory" if not folder.exists() else
             "Not a directory" if not folder.is_dir() else
             "Permission denied" if not os.access(folder, os.W_OK) else None)
+
+
+@app.command(name="dashboard")
+def dashboard_command(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory: a gateway's, a running simulation's or a finished "
+                                                 "one.")],
+    host: Annotated[str, Opt(help="Address to serve on. Loopback by default: to show it further, put it behind the "
+                                  "gateway's TLS proxy (docs/dashboard.md).")] = "127.0.0.1",
+    port: Annotated[int, Opt(help="Port to serve on.")] = 8765,
+) -> None:
+    """Serve a run's dashboard: its fleet, accuracy against time, who trained when, the scheduler's
+    decisions and telemetry drops, live while the run goes (or replayed from a finished run's
+    files), with Prometheus metrics at /metrics. Read-only."""
+    _need_dashboard_extra()
+    from edgesched.dashboard.server import serve
+
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port {port}: expected 1-65535")
+    serve(run_dir, host, port)
+
+
+@app.command()
+def status(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory: a gateway's, a running simulation's or a finished "
+                                                 "one.")],
+    devices: Annotated[int, Opt(help="Device rows to show, busiest first (0: none).")] = 20,
+) -> None:
+    """Print where a run stands: its step and accuracy, devices by state, jobs, telemetry, and
+    its devices (what `edgesched dashboard` shows, in the terminal)."""
+    from edgesched.status import status as show
+
+    show(run_dir, devices)
 
 
 @app.command()

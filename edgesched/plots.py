@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from edgesched.core.decisions import Arrived, Decision, Expired, Lost, RoundPlanned
-from edgesched.core.events import Dispatched, DroppedOut, RoundEnded, Uploaded, event_from_json
+from edgesched.core.events import event_from_json
 from edgesched.core.records import RoundRecord
+from edgesched.observe import JobSpans
 
 MAX_DEVICES = 40  # timeline rows drawn: the devices that worked most, so the picture stays readable
 
@@ -100,18 +101,10 @@ def plot_timeline(events_path: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    started: dict[tuple[str, int], float] = {}
-    spans: list[tuple[str, float, float, str]] = []  # device, start, end, outcome
-    step_ends = []
+    jobs = JobSpans()
     for line in events_path.read_text().splitlines():
-        t, event = event_from_json(line)
-        if isinstance(event, Dispatched):
-            started[(event.device, event.round)] = t
-        elif isinstance(event, Uploaded | DroppedOut) and (event.device, event.round) in started:
-            outcome = "dropped" if isinstance(event, DroppedOut) else ("late" if event.late else "delivered")
-            spans.append((event.device, started.pop((event.device, event.round)), t, outcome))
-        elif isinstance(event, RoundEnded):
-            step_ends.append(t)
+        jobs.event(*event_from_json(line))
+    spans, step_ends = list(jobs.spans), jobs.step_ends
     work: dict[str, int] = {}
     for device, *_ in spans:
         work[device] = work.get(device, 0) + 1
@@ -135,4 +128,23 @@ def plot_timeline(events_path: Path, png: Path) -> None:
     ax.legend(handles, list(colours), loc="upper right", fontsize=7)
     fig.tight_layout()
     fig.savefig(png)
+    plt.close(fig)
+
+
+def plot_compare(curves: dict[str, tuple[list[float], list[float]]], target: float, title: str, path: Path) -> None:
+    """Test accuracy against virtual time, one line per strategy, with the target marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for label, (seconds, accuracy) in curves.items():
+        ax.plot(seconds, [100 * a for a in accuracy], ".-", label=label, markersize=4)
+    ax.axhline(100 * target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.0%}")
+    ax.set(xlabel="virtual seconds", ylabel="test accuracy (%)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
     plt.close(fig)

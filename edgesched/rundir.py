@@ -9,7 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import IO, Any
@@ -20,7 +21,10 @@ from edgesched.core.decisions import Decision
 from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.errors import ConfigError
 from edgesched.files import atomic_write, open_log
+from edgesched.observe import FLEET_FILE
 from edgesched.plots import plot_accuracy, plot_decisions
+
+FLEET_EVERY_S = 1.0  # between steps, fleet.json is rewritten at most this often (wall clock)
 
 
 class RunRecorder:
@@ -52,6 +56,7 @@ class RunRecorder:
         self._job_csv = _CsvLog(out_dir / "jobs.csv", JobRecord, resume and resume["jobs.csv"])
         self._decisions: IO[str] | None = None  # decisions.jsonl, opened at the first decision
         self._decided = 0  # decisions written
+        self._fleet_at = -float("inf")  # when fleet.json was last written (monotonic)
         if resume and resume.get("decisions.jsonl"):
             self._decisions = open_log(out_dir / "decisions.jsonl", resume["decisions.jsonl"])
             with (out_dir / "decisions.jsonl").open() as f:
@@ -71,6 +76,15 @@ class RunRecorder:
         self._round_csv.write(record)
         for job in jobs:
             self._job_csv.write(job)
+
+    def write_fleet(self, record: Callable[[], dict[str, Any]], settled: bool = True) -> None:
+        """fleet.json (edgesched.observe.fleet_record): after every step (`settled`) and, while
+        one goes on, at most every FLEET_EVERY_S, so the fleet can be watched at a few seconds' lag
+        for the cost of one small file a second."""
+        now = time.monotonic()
+        if settled or now - self._fleet_at >= FLEET_EVERY_S:
+            self._fleet_at = now
+            atomic_write(self.out_dir / FLEET_FILE, json.dumps(record()).encode())
 
     def finish(self, weights: dict[str, np.ndarray], extra: dict[str, Any]) -> dict[str, Any]:
         np.savez(self.out_dir / "model.npz", **weights)

@@ -76,7 +76,7 @@ def run_gateway(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
                 recorder: RunRecorder | None = None) -> RunResult:
     """The run on the gateway: from its checkpoint if a previous start of it left one, writing one
     after every step with `checkpoint-dir` (with the run directory's log sizes, from `recorder`),
-    and the step's decisions into the run directory."""
+    and the step's decisions and the fleet's state (fleet.json) into the run directory."""
     saved = checkpoint.saved_run(cfg)
 
     def after_step(state: Saved) -> None:
@@ -87,7 +87,8 @@ def run_gateway(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
 
     resume = Saved(saved.state, saved.policy, saved.fleet) if saved else None
     result = run_on_grid(grid, cfg, on_round, telemetry, resume,
-                         after_step if cfg.checkpoint_dir or recorder is not None else None)
+                         after_step if cfg.checkpoint_dir or recorder is not None else None,
+                         recorder.write_fleet if recorder is not None else None)
     if result.stopped is None:  # a stopped run keeps it: started again, it goes on once devices are back
         checkpoint.remove(cfg)
     return result

@@ -28,6 +28,7 @@ from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.errors import EdgeschedError
 from edgesched.files import open_log
 from edgesched.models import model_size
+from edgesched.observe import fleet_record
 from edgesched.plots import plot_accuracy, plot_timeline
 from edgesched.rundir import RunRecorder
 from edgesched.simulations import checkpoint
@@ -84,10 +85,6 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                 RoundProgress(cfg.rounds, done=resumed_after or 0, starting="training in this process"
                               if engine == "in-process" else "starting the simulation engine") as progress:
 
-            def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
-                recorder.on_round(record, jobs, model)
-                progress.on_round(record, jobs)
-
             def main(grid: Any, context: Any) -> None:
                 weights, evaluate = evaluator(cfg)
                 executors = Executors(grid, workers(cfg))
@@ -101,6 +98,19 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                 if resume is not None:
                     transport.restore(resume.transport)
                 state["transport"] = transport
+
+                def fleet_now(step: int) -> dict[str, Any]:
+                    now = clock.now()
+                    busy = {d.device_id for d in fleet.devices if d.busy_until > now}
+                    return fleet_record(registry.snapshot(now), busy, now, step,
+                                        traffic={"down": transport.bytes_down, "up": transport.bytes_up})
+
+                def on_round(record: RoundRecord, jobs: list[JobRecord], model: Model) -> None:
+                    recorder.on_round(record, jobs, model)
+                    progress.on_round(record, jobs)
+                    if strategy in FLOWER:  # the engine's runs write it as they watch
+                        recorder.write_fleet(lambda: fleet_now(record.round))
+
                 if strategy in FLOWER:
                     face = FlowerGridFace(transport, grid, cfg.clients_per_round, cfg.seed)
                     state["weights"], state["extra"] = run_flower(face, cfg, weights, evaluate, on_round), {}
@@ -121,7 +131,8 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                     cost["checkpoint_bytes"] = (out_dir / checkpoint.FILE).stat().st_size
 
                 engine_ = Engine(policy, transport, clock, RegistryFleetView(telemetry, sizes), evaluate, on_round,
-                                 lambda: time.monotonic() - started, save_checkpoint)
+                                 lambda: time.monotonic() - started, save_checkpoint,
+                                 lambda at, settled: recorder.write_fleet(lambda: fleet_now(at.step), settled))
                 try:
                     engine_.run(run, cfg.rounds, cfg.time_budget)
                 finally:

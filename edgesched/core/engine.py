@@ -15,6 +15,9 @@ how updates combine. Each server step:
    global model, and how many updates it holds;
 3. the model is evaluated, the step recorded, and the callbacks (results, checkpoint) run.
 
+`watch`, if given, is shown the state at every wake-up and after every step (`settled`): the
+run directory's fleet.json comes from it, so a run can be watched between its steps.
+
 Numpy and stdlib only, time and randomness come in through the clock and the policy: the same
 seed gives the same run on a virtual fleet, byte for byte.
 """
@@ -121,8 +124,10 @@ class _Intake:
 class Engine:
     def __init__(self, policy: Policy, transport: Transport, clock: Clock, fleet: FleetView, evaluate: Evaluate,
                  on_round: RoundCallback, elapsed: Callable[[], float],
-                 checkpoint: Callable[[EngineState], None] | None = None) -> None:
-        """`elapsed`: wall-clock seconds since the run started (the records' `seconds`)."""
+                 checkpoint: Callable[[EngineState], None] | None = None,
+                 watch: Callable[[EngineState, bool], None] | None = None) -> None:
+        """`elapsed`: wall-clock seconds since the run started (the records' `seconds`); `watch`:
+        see the module docstring."""
         self.policy = policy
         self.transport = transport
         self.clock = clock
@@ -131,6 +136,7 @@ class Engine:
         self.on_round = on_round
         self.elapsed = elapsed
         self.checkpoint = checkpoint
+        self.watch = watch
 
     def run(self, state: EngineState, steps: int, until: float | None = None) -> EngineState:
         """Take server steps after `state.step` up to `steps`, and none that would start at or after
@@ -151,6 +157,8 @@ class Engine:
             batch = policy.dispatch(now, self.fleet, self.transport, state.jobs)
             if batch is not None:
                 self._send(state, step, batch, now, intake)
+            if self.watch is not None:
+                self.watch(state, False)
             if policy.ready(clock.now(), state.jobs):
                 break
             wake = policy.wake(now, self.transport)
@@ -173,6 +181,8 @@ class Engine:
         self.on_round(record, intake.jobs, state.weights())
         if self.checkpoint is not None:
             self.checkpoint(state)
+        if self.watch is not None:
+            self.watch(state, True)
 
     def _send(self, state: EngineState, step: int, batch: Batch, now: float, intake: _Intake) -> None:
         if batch.deadline is not None:

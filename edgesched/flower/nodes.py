@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from edgesched.core.engine import Job
 from edgesched.core.fleet import DeviceView, device_view
-from edgesched.core.registry import DeviceState
+from edgesched.core.registry import DeviceState, RegistrySnapshot
 from edgesched.errors import EdgeschedError
 from edgesched.flower.messages import DEVICE
 from edgesched.mqtt import RegistryListener
+from edgesched.observe import fleet_record
 
 log = logging.getLogger(__name__)
 NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
@@ -118,6 +122,16 @@ class FlowerFleet:
             self._warned.add(node)
             log.warning("node %d runs device %r, whose agent has not been heard since the gateway restarted: "
                         "not planned until it is", node, self.memory.devices[node])
+
+    def record(self, jobs: Iterable[Job], step: int, now: float) -> dict[str, Any]:
+        """fleet.json on a gateway (edgesched.observe): the registry's devices, each training if a
+        job is out on its node, and the Flower nodes no agent has spoken for, by node."""
+        busy_nodes = {self.target(job.device)[0] for job in jobs}
+        snapshot = self._telemetry.snapshot() if self._telemetry else RegistrySnapshot(now, {}, {}, 0)
+        linked = {s.node_id for s in snapshot.devices.values() if s.node_id is not None}
+        busy = {s.device_id for s in snapshot.devices.values() if s.node_id in busy_nodes}
+        others = [(f"node-{node}", node in busy_nodes) for node in self._nodes if node not in linked]
+        return fleet_record(snapshot, busy, now, step, others)
 
     def target(self, device: str) -> tuple[int, int]:
         node = int(device.removeprefix("node-"))

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.serverapp import Grid
@@ -71,8 +72,10 @@ class RunResult:
 
 
 def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
-                resume: Saved | None = None, save: Callable[[Saved], None] | None = None) -> RunResult:
-    """Run `cfg.rounds` server steps of `cfg.strategy` on the grid's nodes; `save` after each."""
+                resume: Saved | None = None, save: Callable[[Saved], None] | None = None,
+                watch: Callable[[Callable[[], dict[str, Any]], bool], None] | None = None) -> RunResult:
+    """Run `cfg.rounds` server steps of `cfg.strategy` on the grid's nodes; `save` after each;
+    `watch` is shown the fleet as it goes (RunRecorder.write_fleet: the run directory's fleet.json)."""
     from edgesched.models import build_model, model_size
     from edgesched.training import scorer
 
@@ -92,8 +95,11 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
             policies.edgesched(cfg, Predictor(4 * model_size(cfg.data.dataset)["model_parameters"]))
     started = time.monotonic()
     checkpoint = (lambda s: save(Saved(s, policy, fleet.memory))) if save is not None else None
+    shown = (lambda at, settled: watch(lambda: fleet.record(at.jobs.values(), at.step, time.time()), settled)) \
+        if watch is not None else None
     engine = Engine(policy, FlowerTransport(grid, cfg, fleet, state.keys), WallClock(), fleet,
-                    scorer(model, ds.x_test, ds.y_test), on_round, lambda: time.monotonic() - started, checkpoint)
+                    scorer(model, ds.x_test, ds.y_test), on_round, lambda: time.monotonic() - started, checkpoint,
+                    shown)
     if resume is not None:
         engine.write_off(state, list(state.jobs), time.time(), "gateway restarted")
     try:

@@ -6,6 +6,7 @@ it), so this checks per-client ConfigRecords and the device-id <-> node-id link 
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -257,14 +258,21 @@ def test_decisions_jsonl_grows_as_the_gateway_run_goes(tmp_path):
     recorder = RunRecorder(tmp_path / "run", cfg.to_mapping())
     seen: list[int] = []
 
+    fleets: list[dict] = []
+
     def on_round(record, jobs, model):
         path = tmp_path / "run" / "decisions.jsonl"
         seen.append(len(path.read_text().splitlines()) if path.exists() else 0)
+        fleets.append(json.loads((tmp_path / "run" / "fleet.json").read_text()))  # written before the step ended
         recorder.on_round(record, jobs, model)
 
     result = run_gateway(LocalGrid(NODE_CONFIGS), cfg, on_round, recorder=recorder)
     recorder.write_decisions(result.decisions)
     assert seen[0] == 0 and 0 < seen[1] < seen[2]  # each step's decisions are in before the next step ends
+    # Without telemetry, the fleet is Flower's nodes, by node; one was out on its job when looked at
+    assert {d["device"] for d in fleets[0]["devices"]} == {f"node-{n}" for n in NODE_CONFIGS}
+    assert any(d["state"] == "training" for f in fleets for d in f["devices"])
+    assert json.loads((tmp_path / "run" / "fleet.json").read_text())["step"] == 3
     written = (tmp_path / "run" / "decisions.jsonl").read_text().splitlines()
     assert written == [d.to_json() for d in result.decisions]  # all of them, once, in order
 
