@@ -176,6 +176,7 @@ class RunWatch:
         self.jobs_counted = 0
         self.notes: dict[str, _DeviceNotes] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        self.first_t: float | None = None  # the first decision's time: a gateway's run starts about then
         self.errors: list[float] = []  # |predicted / actual - 1| of on-time arrivals
         self.late = 0
         self.lost: Counter[str] = Counter()
@@ -224,6 +225,8 @@ class RunWatch:
             except (ValueError, TypeError):
                 continue
             self.version += 1
+            if self.first_t is None:
+                self.first_t = d.t
             if not events_logged:
                 self.spans.decision(d)
             text = self._take_decision(d)
@@ -317,6 +320,11 @@ class RunWatch:
         devices = self._devices()
         counts = Counter(d["state"] for d in devices)
         cfg = self.config
+        # Times in the decisions and events: virtual seconds from 0 in a simulation, Unix seconds on a
+        # gateway, shown there from the run's first decision on, as its rounds' seconds are.
+        origin = 0.0 if virtual or self.first_t is None or self.first_t < 1e9 else self.first_t
+        now = (self.fleet.get("t") or 0.0) - origin if self.fleet else (self.rounds[-1].get(time_key) if self.rounds
+                                                                         else 0.0)
         last_write = max((p.stat().st_mtime for p in self.run_dir.glob("*") if p.is_file()), default=None)
         return {
             "run": {"name": self.run_dir.name, "status": self.status(), "strategy": cfg.get("strategy"),
@@ -339,10 +347,12 @@ class RunWatch:
             "heartbeats": self.fleet.get("heartbeats", {"accepted": 0, "dropped": {}}),
             "bytes": self.fleet.get("bytes"),
             "prediction_error": _median(self.errors),
-            "timeline": [{"device": d, "start": s, "end": e, "outcome": o} for d, s, e, o in self.spans.spans]
-            + [{"device": d, "start": s, "end": None, "outcome": "running"} for d, s in self.spans.in_flight()],
-            "step_ends": self.spans.step_ends[-200:],
-            "decisions": list(self.decisions)[::-1],
+            "timeline": [{"device": d, "start": s - origin, "end": e - origin, "outcome": o}
+                         for d, s, e, o in self.spans.spans]
+            + [{"device": d, "start": s - origin, "end": None, "outcome": "running"}
+               for d, s in self.spans.in_flight()],
+            "timeline_now": now,
+            "decisions": [{**d, "t": d["t"] - origin} for d in reversed(self.decisions)],
         }
 
     def _devices(self) -> list[dict[str, Any]]:

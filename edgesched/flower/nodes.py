@@ -123,15 +123,16 @@ class FlowerFleet:
             log.warning("node %d runs device %r, whose agent has not been heard since the gateway restarted: "
                         "not planned until it is", node, self.memory.devices[node])
 
-    def record(self, jobs: Iterable[Job], step: int, now: float) -> dict[str, Any]:
+    def record(self, jobs: Iterable[Job], step: int, now: float, traffic: dict[str, int]) -> dict[str, Any]:
         """fleet.json on a gateway (edgesched.observe): the registry's devices, each training if a
-        job is out on its node, and the Flower nodes no agent has spoken for, by node."""
+        job is out on its node, and the Flower nodes no agent has spoken for, by node; `traffic`:
+        the model bytes the transport moved."""
         busy_nodes = {self.target(job.device)[0] for job in jobs}
         snapshot = self._telemetry.snapshot() if self._telemetry else RegistrySnapshot(now, {}, {}, 0)
         linked = {s.node_id for s in snapshot.devices.values() if s.node_id is not None}
         busy = {s.device_id for s in snapshot.devices.values() if s.node_id in busy_nodes}
         others = [(f"node-{node}", node in busy_nodes) for node in self._nodes if node not in linked]
-        return fleet_record(snapshot, busy, now, step, others)
+        return fleet_record(snapshot, busy, now, step, others, traffic)
 
     def target(self, device: str) -> tuple[int, int]:
         node = int(device.removeprefix("node-"))

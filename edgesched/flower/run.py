@@ -95,11 +95,16 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
             policies.edgesched(cfg, Predictor(4 * model_size(cfg.data.dataset)["model_parameters"]))
     started = time.monotonic()
     checkpoint = (lambda s: save(Saved(s, policy, fleet.memory))) if save is not None else None
-    shown = (lambda at, settled: watch(lambda: fleet.record(at.jobs.values(), at.step, time.time()), settled)) \
-        if watch is not None else None
-    engine = Engine(policy, FlowerTransport(grid, cfg, fleet, state.keys), WallClock(), fleet,
+    transport = FlowerTransport(grid, cfg, fleet, state.keys)
+
+    def shown(at: EngineState, settled: bool) -> None:
+        assert watch is not None
+        watch(lambda: fleet.record(at.jobs.values(), at.step, time.time(),
+                                   {"down": transport.bytes_down, "up": transport.bytes_up}), settled)
+
+    engine = Engine(policy, transport, WallClock(), fleet,
                     scorer(model, ds.x_test, ds.y_test), on_round, lambda: time.monotonic() - started, checkpoint,
-                    shown)
+                    shown if watch is not None else None)
     if resume is not None:
         engine.write_off(state, list(state.jobs), time.time(), "gateway restarted")
     try:

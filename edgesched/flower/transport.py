@@ -26,6 +26,7 @@ class FlowerTransport:
         self.nodes = nodes
         self.keys = keys
         self._arrays: tuple[int, ArrayRecord] | None = None  # (step, its model encoded once)
+        self.bytes_down = self.bytes_up = 0  # model tensors sent in jobs, and taken in from replies
 
     def send(self, device: str, step: int, order: Order, model: list[np.ndarray], deadline: float | None) -> str:
         node, partition = self.nodes.target(device)
@@ -39,6 +40,7 @@ class FlowerTransport:
         pushed = list(self.grid.push_messages([train_message(self._arrays[1], config, node, step)]))
         if not pushed:  # e.g. the node left between planning and sending
             raise Unsent("Flower refused the message")
+        self.bytes_down += sum(w.nbytes for w in model)
         return pushed[0]
 
     def bounds(self, device: str, order: Order) -> Bounds:
@@ -47,8 +49,10 @@ class FlowerTransport:
         return Bounds.of(order, partition, self.nodes.sizes[partition], training.local_epochs, training.batch_size)
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
-        return [decode_reply(reply, reply.metadata.reply_to_message_id, max_bytes)
-                for reply in self.grid.pull_messages(list(job_ids))]
+        replies = [decode_reply(reply, reply.metadata.reply_to_message_id, max_bytes)
+                   for reply in self.grid.pull_messages(list(job_ids))]
+        self.bytes_up += sum(w.nbytes for r in replies if r.trained is not None for w in r.trained)
+        return replies
 
     def reachable(self, now: float) -> list[str]:
         """Flower's connected nodes (Flower does not say which are busy)."""

@@ -93,3 +93,20 @@ def test_watch_of_a_directory_with_nothing_yet(tmp_path):
     watch.refresh()
     view = watch.view()
     assert view["run"]["step"] == 0 and view["devices"] == [] and view["accuracy"]["t"] == []
+
+
+def test_a_gateways_unix_times_are_shown_from_its_first_decision(tmp_path):
+    start = 1_800_000_000.0
+    (tmp_path / "rounds.csv").write_text(ROUND_HEADER + "1,0.5,1.2,1.5,1,1,0,500,9.0,\n")
+    _decisions(tmp_path / "decisions.jsonl",
+               Selected(start, 1, "node-7", 500, 8, 1, 3.0, 2.5, 0, 1, 0.1, 1.0),
+               Arrived(start + 4.0, 1, "node-7", "counted", 1, 0, 1, 3.0, 4.0, -0.375, 500),
+               Selected(start + 5.0, 2, "node-7", 500, 8, 1, 3.0, 2.5, 0, 1, 0.1, 1.0))
+    (tmp_path / FLEET_FILE).write_text(json.dumps({"t": start + 9.0, "step": 1, "devices": [],
+                                                   "heartbeats": {"accepted": 0, "dropped": {}}}))
+    watch = RunWatch(tmp_path)
+    watch.refresh()
+    view = watch.view()
+    assert [(s["start"], s["end"], s["outcome"]) for s in view["timeline"]] == [(0.0, 4.0, "delivered"),
+                                                                              (5.0, None, "running")]
+    assert view["timeline_now"] == 9.0 and [d["t"] for d in view["decisions"]] == [5.0, 4.0, 0.0]  # newest first

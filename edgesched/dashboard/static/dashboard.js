@@ -68,7 +68,7 @@ function accuracyChart(view) {
 }
 
 function timelineChart(view) {
-  const now = view.run.t || 0;
+  const now = view.timeline_now || view.run.t || 0;
   const byOutcome = {};
   for (const span of view.timeline) {
     const end = span.end === null ? Math.max(now, span.start) : span.end;
