@@ -280,8 +280,10 @@ def export(
     """Export a run's global model for inference: `edgesched export --onnx runs/RUN`.
 
     The ONNX file (opset 17, dynamic batch, input `x`, output `logits`) runs in onnxruntime on
-    boards without torch. It is checked before it is written: evaluated with onnxruntime on the
-    data set's test split, its accuracy must match the torch model's.
+    boards without torch, and takes raw readings as float32 (Fashion-MNIST: pixels 0-255, 28x28; HAPT:
+    the 6 sensor channels x 128 samples; digits: 64 values 0-16): the input normalisation is in the
+    graph. It is checked before it is written: evaluated with onnxruntime on the data set's raw
+    test inputs, its accuracy must match the torch model's.
     """
     import json
 
@@ -307,10 +309,11 @@ def export(
     if dataset not in DATASETS:
         raise ConfigError(f"{run_dir / 'config.json'}: not a run's config (dataset {dataset!r})")
     weights = load_weights(run_dir / "model.npz", dataset)
-    model_bytes = to_onnx(dataset, weights)
     test = data.load(dataset, config.get("data-dir"))
+    model_bytes = to_onnx(dataset, weights, test.normalise)
     torch_loss, torch_acc = scorer(build_model(dataset), test.x_test, test.y_test)(list(weights.values()))
-    onnx_loss, onnx_acc = evaluate_onnx(model_bytes, test.x_test, test.y_test)
+    assert test.x_test_raw is not None
+    onnx_loss, onnx_acc = evaluate_onnx(model_bytes, test.x_test_raw, test.y_test)
     if abs(onnx_acc - torch_acc) > 1e-4 or abs(onnx_loss - torch_loss) > 1e-4 * max(1.0, torch_loss):
         raise EdgeschedError(f"the ONNX export scores {onnx_acc:.4%} / loss {onnx_loss:.5f} where torch scores "
                              f"{torch_acc:.4%} / {torch_loss:.5f}; not written")

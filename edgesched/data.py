@@ -6,7 +6,9 @@
   2.56 s (128 samples, 50 % overlap); each user is one natural client.
 - digits: scikit-learn's bundled 8x8 digits, for quick runs and tests.
 
-Loaders return float32 inputs already normalised for the models in `edgesched.models`.
+Loaders return float32 inputs already normalised for the models in `edgesched.models`, and
+say how (`Normalise`): the exported ONNX model starts with that step, so a board feeds it raw
+readings. The raw test inputs are kept to check an export against.
 """
 
 from __future__ import annotations
@@ -36,8 +38,24 @@ _FMNIST_FILES = {
 
 
 @dataclass(frozen=True)
+class Normalise:
+    """How raw readings (pixels 0-255, sensor units) become the model's inputs: (raw / divisor -
+    mean) / std in float32, with a channel axis added where the model has one."""
+
+    divisor: float
+    mean: float | np.ndarray
+    std: float | np.ndarray
+    channel_axis: bool = False
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        x = (raw.astype(np.float32) / self.divisor - self.mean) / self.std
+        return x[:, None] if self.channel_axis else x
+
+
+@dataclass(frozen=True)
 class Dataset:
-    """A train/test split; `groups` names each training sample's natural owner (a user)."""
+    """A train/test split; `groups` names each training sample's natural owner (a user);
+    `x_test_raw` the test inputs as a device reads them, which `normalise` turns into `x_test`."""
 
     name: str
     x_train: np.ndarray
@@ -46,6 +64,8 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     groups: np.ndarray | None = None
+    x_test_raw: np.ndarray | None = None
+    normalise: Normalise | None = None
 
 
 @lru_cache(maxsize=4)
@@ -83,9 +103,7 @@ def read_idx(path: Path) -> np.ndarray:
 def load_fmnist(folder: Path) -> Dataset:
     arrays = {key: read_idx(_find_idx(folder, stem)) for key, stem in _FMNIST_FILES.items()}
 
-    def images(x: np.ndarray) -> np.ndarray:
-        return ((x.astype(np.float32) / 255.0 - 0.2860) / 0.3530)[:, None, :, :]
-
+    images = Normalise(255.0, 0.2860, 0.3530, channel_axis=True)
     return Dataset(
         "fmnist",
         images(arrays["x_train"]),
@@ -93,6 +111,8 @@ def load_fmnist(folder: Path) -> Dataset:
         images(arrays["x_test"]),
         arrays["y_test"].astype(np.int64),
         num_classes=10,
+        x_test_raw=arrays["x_test"],
+        normalise=images,
     )
 
 
@@ -136,11 +156,9 @@ def load_hapt(folder: Path) -> Dataset:
             parts[test].append((x[keep], y[keep], np.full(int(keep.sum()), user, dtype=np.int64)))
     x_train, y_train, groups = (np.concatenate(a) for a in zip(*parts[False], strict=True))
     x_test, y_test, _ = (np.concatenate(a) for a in zip(*parts[True], strict=True))
-    mean = x_train.mean(axis=(0, 2), keepdims=True)
-    std = x_train.std(axis=(0, 2), keepdims=True) + 1e-6
-    return Dataset(
-        "hapt", (x_train - mean) / std, y_train, (x_test - mean) / std, y_test, num_classes=12, groups=groups
-    )
+    signals = Normalise(1.0, x_train.mean(axis=(0, 2), keepdims=True), x_train.std(axis=(0, 2), keepdims=True) + 1e-6)
+    return Dataset("hapt", signals(x_train), y_train, signals(x_test), y_test, num_classes=12, groups=groups,
+                   x_test_raw=x_test, normalise=signals)
 
 
 def _windows(signal: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -162,9 +180,11 @@ def load_digits() -> Dataset:
     except ImportError as exc:
         raise DataError("the digits data set needs scikit-learn: pip install scikit-learn") from exc
     bunch = sk_digits()
-    x = (bunch.data.astype(np.float32) / 16.0 - 0.5) / 0.5
+    pixels = Normalise(16.0, 0.5, 0.5)
+    x = pixels(bunch.data)
     y = bunch.target.astype(np.int64)
     order = np.random.default_rng(0).permutation(len(y))
     cut = int(len(y) * 0.75)
     tr, te = order[:cut], order[cut:]
-    return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10)
+    return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10, x_test_raw=bunch.data[te].astype(np.float32),
+                   normalise=pixels)

@@ -6,8 +6,10 @@ set is exported with a dynamic batch dimension (opset 17) by torch's TorchScript
 it needs only the `onnx` package and takes 0.2 s for the Fashion-MNIST CNN, where the dynamo
 exporter needs onnxscript and took 3.6 s for the same file (torch 2.13); torch marks the
 TorchScript path deprecated, so its warning is silenced here and the choice is one line.
-`evaluate_onnx` scores an export exactly as `edgesched.training.evaluate` scores the torch
-model — same loss, same accuracy, to float rounding — so it can be checked before it ships.
+An export for boards (`edgesched export --onnx`, `onnx-every-round`) starts with the data set's
+input normalisation, so a board feeds it raw readings. `evaluate_onnx` scores an export exactly
+as `edgesched.training.evaluate` scores the torch model (same loss, same accuracy, to float
+rounding) so that it can be checked before it ships.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from edgesched.data import Normalise
 from edgesched.errors import EdgeschedError
 from edgesched.models import INPUT_SHAPES, build_model
 
@@ -28,21 +32,45 @@ OPSET = 17
 INSTALL_HINT = "pip install 'edgesched[onnx]' (onnx and onnxruntime)"
 
 
-def to_onnx(dataset: str, weights: Mapping[str, np.ndarray]) -> bytes:
-    """The data set's model carrying `weights` (a state dict of arrays), as ONNX bytes."""
+def to_onnx(dataset: str, weights: Mapping[str, np.ndarray], normalise: Normalise | None = None) -> bytes:
+    """The data set's model carrying `weights` (a state dict of arrays), as ONNX bytes; with
+    `normalise` (the data set's), the graph starts with it and takes raw readings, so a board
+    that runs it needs nothing but onnxruntime and its own data."""
     import torch
 
     require("onnx")
     model = build_model(dataset)
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
+    shape = INPUT_SHAPES[dataset]
+    if normalise is not None:
+        model = _normalising(model, normalise)
+        shape = shape[1:] if normalise.channel_axis else shape
     model.eval()
     buffer = io.BytesIO()
-    example = torch.zeros((1, *INPUT_SHAPES[dataset]))
+    example = torch.zeros((1, *shape))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(model, (example,), buffer, input_names=["x"], output_names=["logits"],
                           dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}}, opset_version=OPSET, dynamo=False)
     return buffer.getvalue()
+
+
+def _normalising(model: Any, normalise: Normalise) -> Any:
+    """`model` behind `normalise`, as one torch module to export."""
+    import torch
+
+    class Normalising(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            for name in ("mean", "std"):
+                self.register_buffer(name, torch.tensor(np.asarray(getattr(normalise, name), dtype=np.float32)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = (x / normalise.divisor - self.mean) / self.std
+            return self.model(x.unsqueeze(1) if normalise.channel_axis else x)
+
+    return Normalising()
 
 
 def load_weights(path: Path, dataset: str) -> dict[str, np.ndarray]:
@@ -73,7 +101,8 @@ def evaluate_onnx(model: bytes | Path, x: np.ndarray, y: np.ndarray, batch_size:
     session = onnxruntime.InferenceSession(source, providers=["CPUExecutionProvider"])
     loss = correct = 0.0
     for start in range(0, len(y), batch_size):
-        logits = session.run(None, {"x": x[start:start + batch_size]})[0].astype(np.float64)
+        batch = x[start:start + batch_size].astype(np.float32, copy=False)  # raw pixels may come as uint8
+        logits = session.run(None, {"x": batch})[0].astype(np.float64)
         yb = y[start:start + batch_size]
         top = logits.max(axis=1, keepdims=True)
         log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))

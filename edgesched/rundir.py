@@ -45,9 +45,11 @@ class RunRecorder:
         self.out_dir = out_dir
         self._onnx = config["dataset"] if config.get("onnx-every-round") else None
         if self._onnx:
+            from edgesched import data
             from edgesched.export import require
 
             require("onnx")  # before the run starts, not after its first round
+            self._normalise = data.load(self._onnx, config.get("data-dir")).normalise  # the graph's first step
             (out_dir / "onnx").mkdir(exist_ok=True)
         self.rounds: list[RoundRecord] = list(rounds or [])
         if resume is None:
@@ -71,7 +73,8 @@ class RunRecorder:
         if self._onnx:
             from edgesched.export import to_onnx
 
-            atomic_write(self.out_dir / "onnx" / f"round-{record.round:04d}.onnx", to_onnx(self._onnx, model))
+            onnx = to_onnx(self._onnx, model, self._normalise)
+            atomic_write(self.out_dir / "onnx" / f"round-{record.round:04d}.onnx", onnx)
         self.rounds.append(record)
         self._round_csv.write(record)
         for job in jobs:

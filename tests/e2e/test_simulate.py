@@ -94,5 +94,5 @@ def test_the_adaptive_scheduler_runs_over_flowers_engine(tmp_path):
     assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == [f"round-000{r}.onnx" for r in (1, 2, 3, 4)]
     test = data.load("digits")
     for rnd in (1, 4):
-        _, onnx_accuracy = evaluate_onnx(tmp_path / "onnx" / f"round-000{rnd}.onnx", test.x_test, test.y_test)
+        _, onnx_accuracy = evaluate_onnx(tmp_path / "onnx" / f"round-000{rnd}.onnx", test.x_test_raw, test.y_test)
         assert onnx_accuracy == pytest.approx(accuracy[rnd - 1], abs=1e-4)

@@ -65,6 +65,40 @@ def test_export_writes_a_checked_onnx_file_of_a_run(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     ds = data.load("digits")
-    assert evaluate_onnx(tmp_path / "model.onnx", ds.x_test, ds.y_test)[1] == pytest.approx(
+    assert evaluate_onnx(tmp_path / "model.onnx", ds.x_test_raw, ds.y_test)[1] == pytest.approx(
         evaluate(model, ds.x_test, ds.y_test)[1], abs=1e-4)
     assert "same as torch" in done.stdout
+
+
+# What a board runs: onnxruntime and numpy, its own raw readings, nothing of edgesched.
+BOARD = """
+import gzip, json, sys
+import numpy as np, onnxruntime
+def read(path):
+    return (gzip.open if path.endswith(".gz") else open)(path, "rb").read()
+images = np.frombuffer(read(sys.argv[2]), np.uint8, offset=16).reshape(-1, 28, 28).astype(np.float32)  # 0-255
+labels = np.frombuffer(read(sys.argv[3]), np.uint8, offset=8)
+session = onnxruntime.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+predicted = np.concatenate([session.run(None, {"x": images[i:i + 1000]})[0].argmax(1) for i in range(0, 10000, 1000)])
+print(json.dumps({"accuracy": float((predicted == labels).mean()),
+                  "edgesched": sorted(m for m in sys.modules if m.startswith(("edgesched", "torch")))}))
+"""
+
+
+def test_an_exported_model_scores_on_raw_pixels_on_a_board_with_only_onnxruntime(tmp_path, fmnist_dir):
+    ds = data.load("fmnist")
+    model = _trained("fmnist", ds.x_train, ds.y_train)
+    np.savez(tmp_path / "model.npz", **{k: v.numpy() for k, v in model.state_dict().items()})
+    (tmp_path / "config.json").write_text(json.dumps({"dataset": "fmnist"}))
+    done = subprocess.run([sys.executable, "-m", "edgesched", "export", "--onnx", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "board.py").write_text(BOARD)
+    images, labels = (next(p for p in sorted(fmnist_dir.glob(f"t10k-{kind}-idx*"))) for kind in ("images", "labels"))
+    board = subprocess.run([sys.executable, "-I", str(tmp_path / "board.py"), str(tmp_path / "model.onnx"),
+                            str(images), str(labels)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert board.returncode == 0, board.stderr
+    scored = json.loads(board.stdout)
+    assert scored["edgesched"] == []  # neither edgesched nor torch was loaded
+    torch_accuracy = evaluate(model, ds.x_test, ds.y_test)[1]
+    assert torch_accuracy > 0.5 and scored["accuracy"] == pytest.approx(torch_accuracy, abs=1e-4)
