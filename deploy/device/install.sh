@@ -86,7 +86,7 @@ id -u edgesched >/dev/null 2>&1 || run useradd --system --home-dir /var/lib/edge
 run python3 -m venv "$PREFIX/venv"
 run "$PREFIX/venv/bin/pip" install --quiet --upgrade pip
 run "$PREFIX/venv/bin/${TORCH[0]}" "${TORCH[@]:1}"
-run "$PREFIX/venv/bin/pip" install --quiet "${SOURCE}[client]"
+run "$PREFIX/venv/bin/pip" install --quiet "${SOURCE}[client,onnx]"   # onnx: evaluate-with onnxruntime, --speed-test
 run install -d -m 0750 -o edgesched -g edgesched /etc/edgesched /etc/edgesched/certs /var/lib/edgesched
 if [[ -n $BUNDLE ]]; then
     run install -m 0600 -o edgesched -g edgesched "$BUNDLE/device.env" /etc/edgesched/device.env
