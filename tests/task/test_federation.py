@@ -16,6 +16,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from edgesched.config import RunConfig
 from edgesched.core.decisions import Lost, Quarantined, RoundPlanned, Selected, Skipped
+from edgesched.core.engine import Job
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.core.telemetry import Status, topic
 from edgesched.errors import ConfigError
@@ -118,6 +119,21 @@ def test_every_node_is_asked_its_device_before_its_first_job():
     links = {d: s.node_id for d, s in telemetry.snapshot().devices.items()}
     assert links == {device: node for node, device in NODES.items()}
     assert len(grid.sent) == 3  # asked once
+
+
+def test_the_gateways_fleet_json_names_boards_by_device_and_marks_the_busy_ones():
+    """A job out on node 202 (planned as node-202) shows its board, pi5-b, training; a node no
+    agent speaks for is shown by node."""
+    grid = LocalGrid({**NODE_CONFIGS, 404: {"device-id": "silent"}})
+    telemetry = RecordingTelemetry()
+    fleet = FlowerFleet(grid, telemetry, sizes=[10, 10, 10, 10])
+    fleet.nodes()
+    fleet.nodes()
+    job = Job("j1", "node-202", 1, 1, 0.0)
+    record = fleet.record([job], 1, time.time(), {"down": 5, "up": 0})
+    states = {d["device"]: d["state"] for d in record["devices"]}
+    assert states == {"pi4-a": "online", "pi5-b": "training", "jetson-c": "online", "node-404": "online"}
+    assert record["bytes"] == {"down": 5, "up": 0}
 
 
 class RefusingGrid(LocalGrid):
