@@ -140,8 +140,9 @@ def simulate(
         "Served on loopback; `edgesched dashboard RUN_DIR` replays a finished run."))] = False,
     dashboard_port: Annotated[int, Opt(help="Port for --dashboard (another free one if it is taken).")] = 8765,
     compare: Annotated[str | None, Opt(help=(
-        "With --fleet: then run the same fleet under this strategy (e.g. fedavg, fedbuff) into RUN_DIR-STRATEGY "
-        "and draw both runs' accuracy against virtual time in RUN_DIR/compare.png."))] = None,
+        "With --fleet: then run the same fleet under this strategy (e.g. fedavg, fedbuff) into a run "
+        "directory beside RUN_DIR named for it, and draw both runs' accuracy against virtual time in "
+        "RUN_DIR/compare.png."))] = None,
     resume: Annotated[Path | None, Opt(help=(
         "Continue a stopped fleet run (killed, crashed, the machine rebooted) from its run directory, with "
         "its own settings: the adaptive scheduler's strategies checkpoint after every round, and the resumed "
@@ -219,7 +220,9 @@ def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None, engin
         return
     from edgesched.simulations.compare import compare_runs
 
-    other = out_dir.with_name(f"{out_dir.name}-{compare}")
+    mine = f"-{spec.run.strategy}-"  # runs/FLEET-STRATEGY-DATE names its twin runs/FLEET-OTHER-DATE
+    other = out_dir.with_name(out_dir.name.replace(mine, f"-{compare}-", 1) if mine in out_dir.name
+                              else f"{out_dir.name}-{compare}")
     typer.echo(f"the same fleet under {compare}, for comparison:", err=True)
     other_summary = simulate_fleet(spec.with_overrides(strategy=compare), other, broker or IN_PROCESS, engine=engine)
     _report(spec.with_overrides(strategy=compare), other, other_summary)
