@@ -96,3 +96,51 @@ def test_the_adaptive_scheduler_runs_over_flowers_engine(tmp_path):
     for rnd in (1, 4):
         _, onnx_accuracy = evaluate_onnx(tmp_path / "onnx" / f"round-000{rnd}.onnx", test.x_test_raw, test.y_test)
         assert onnx_accuracy == pytest.approx(accuracy[rnd - 1], abs=1e-4)
+
+
+COMPARED = """
+name = "pair-6"
+seed = 0
+target_accuracy = 0.6
+
+[data]
+dataset = "digits"
+partitioner = "iid"
+
+[training]
+rounds = 3
+clients_per_round = 3
+local_epochs = 2
+round_timeout_s = 60.0
+
+[dynamics]
+dropout = 0.3
+
+[[devices]]
+board = "rpi4"
+count = 3
+network = "wifi"
+
+[[devices]]
+board = "phone-low"
+count = 3
+network = "mobile"
+"""
+
+
+def test_compare_runs_the_same_fleet_under_another_strategy_and_draws_both(tmp_path):
+    (tmp_path / "pair-6.toml").write_text(COMPARED)
+    out = tmp_path / "runs" / "pair-6-edgesched-now"
+    done = subprocess.run([sys.executable, "-m", "edgesched", "simulate", "--fleet", str(tmp_path / "pair-6.toml"),
+                           "--engine", "in-process", "--compare", "fedavg", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    twin = tmp_path / "runs" / "pair-6-fedavg-now"
+    mine, theirs = (json.loads((d / "summary.json").read_text()) for d in (out, twin))
+    assert (mine["strategy"], theirs["strategy"]) == ("edgesched", "fedavg")
+    assert mine["clients"] == theirs["clients"] == 6 and theirs["rounds"] == 3
+    assert (out / "compare.png").stat().st_size > 10_000
+    lines = done.stdout.splitlines()
+    assert any(line.split()[:1] == ["edgesched"] for line in lines) and any(
+        line.split()[:1] == ["fedavg"] for line in lines), done.stdout
+    assert f"edgesched dashboard {out}" in done.stdout
