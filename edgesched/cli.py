@@ -143,6 +143,10 @@ def simulate(
         "With --fleet: then run the same fleet under this strategy (e.g. fedavg, fedbuff) into a run "
         "directory beside RUN_DIR named for it, and draw both runs' accuracy against virtual time in "
         "RUN_DIR/compare.png."))] = None,
+    ray_address: Annotated[str | None, Opt(envvar="RAY_ADDRESS", help=(
+        "Train on an existing Ray cluster at this address (host:port of `ray start --head`) instead of starting "
+        "Ray on this machine; the executors spread over its nodes and a seed gives the same run (README, "
+        "\"On a Ray cluster\"). Default: $RAY_ADDRESS."))] = None,
     resume: Annotated[Path | None, Opt(help=(
         "Continue a stopped fleet run (killed, crashed, the machine rebooted) from its run directory, with "
         "its own settings: the adaptive scheduler's strategies checkpoint after every round, and the resumed "
@@ -158,17 +162,23 @@ def simulate(
     round), jobs.csv (each client job: samples, steps, seconds, samples/s), summary.json,
     model.npz (the final global weights) and accuracy.png; with --onnx-every-round, also onnx/.
     """
+    if not 0 < dashboard_port < 65536:
+        raise ConfigError(f"--dashboard-port {dashboard_port}: expected 1-65535")
     if resume is not None:
         given = [f"--{name.replace('_', '-')}" for name in click.get_current_context().params
                  if name not in ("resume", "engine") and click.get_current_context().get_parameter_source(name)
                  == click.core.ParameterSource.COMMANDLINE]
-        if given and set(given) - {"--dashboard", "--dashboard-port"}:
+        if given and set(given) - {"--dashboard", "--dashboard-port", "--ray-address"}:
             raise ConfigError(f"--resume continues the run with its own settings; drop {', '.join(given)}")
+        if ray_address and engine != "ray":
+            raise ConfigError("--ray-address runs the training on a Ray cluster: it needs --engine ray")
         with _dashboard(resume, dashboard, dashboard_port):
-            _resume_fleet(resume, engine)
+            _resume_fleet(resume, engine, ray_address)
         return
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
+    if ray_address and engine != "ray":
+        raise ConfigError("--ray-address runs the training on a Ray cluster: it needs --engine ray")
     scheduler_keys = parse_scheduler_keys(scheduler or "")
     chosen = strategy or ("edgesched" if fleet is not None else "fedavg")  # the default: edgesched on a fleet
     if scheduler_keys and chosen in BASELINES:
@@ -184,7 +194,7 @@ def simulate(
             scheduler=scheduler_keys, time_budget=time_budget)
         if compare is not None and compare not in STRATEGIES:
             raise ConfigError(f"--compare: unknown strategy {compare!r}; choose one of {', '.join(STRATEGIES)}")
-        _simulate_fleet(spec, broker, out, engine, dashboard, dashboard_port, compare)
+        _simulate_fleet(spec, broker, out, engine, dashboard, dashboard_port, compare, ray_address)
         return
     if any(v is not None for v in (dropout, broker, bad_updates, malicious, attack, compare)) or engine != "ray":
         raise ConfigError("--dropout, --bad-updates, --malicious, --attack, --broker, --compare and --engine need "
@@ -201,7 +211,7 @@ def simulate(
     from edgesched.simulations.engine import simulate as run
 
     with _dashboard(out_dir, dashboard, dashboard_port):
-        summary = run(cfg, out_dir)
+        summary = run(cfg, out_dir, ray_address)
     typer.echo(
         f"final accuracy {summary['final_accuracy']:.2%} after {summary['rounds']} rounds "
         f"in {summary['seconds']:.0f} s; results in {out_dir}"
@@ -209,12 +219,12 @@ def simulate(
 
 
 def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None, engine: str, dashboard: bool = False,
-                    port: int = 8765, compare: str | None = None) -> None:
+                    port: int = 8765, compare: str | None = None, ray_address: str | None = None) -> None:
     from edgesched.simulations.fleet_run import IN_PROCESS, simulate_fleet
 
     out_dir = out or Path("runs") / f"{spec.name}-{spec.run.strategy}-{datetime.now():%Y%m%d-%H%M%S}"
     with _dashboard(out_dir, dashboard, port):
-        summary = simulate_fleet(spec, out_dir, broker or IN_PROCESS, engine=engine)
+        summary = simulate_fleet(spec, out_dir, broker or IN_PROCESS, engine=engine, ray_address=ray_address)
     _report(spec, out_dir, summary)
     if compare is None:
         return
@@ -224,7 +234,8 @@ def _simulate_fleet(spec: FleetSpec, broker: str | None, out: Path | None, engin
     other = out_dir.with_name(out_dir.name.replace(mine, f"-{compare}-", 1) if mine in out_dir.name
                               else f"{out_dir.name}-{compare}")
     typer.echo(f"the same fleet under {compare}, for comparison:", err=True)
-    other_summary = simulate_fleet(spec.with_overrides(strategy=compare), other, broker or IN_PROCESS, engine=engine)
+    other_summary = simulate_fleet(spec.with_overrides(strategy=compare), other, broker or IN_PROCESS, engine=engine,
+                                   ray_address=ray_address)
     _report(spec.with_overrides(strategy=compare), other, other_summary)
     typer.echo(compare_runs(spec, [out_dir, other], out_dir / "compare.png"))
 
@@ -254,13 +265,14 @@ def _need_dashboard_extra() -> None:
         raise ConfigError(f"the dashboard needs {', '.join(missing)}: pip install 'edgesched[dashboard]'")
 
 
-def _resume_fleet(run_dir: Path, engine: str) -> None:
+def _resume_fleet(run_dir: Path, engine: str, ray_address: str | None = None) -> None:
     from edgesched.simulations import checkpoint
     from edgesched.simulations.fleet_run import simulate_fleet
 
     saved = checkpoint.load(run_dir)
     typer.echo(f"resuming {run_dir} after round {saved.state.step} of {saved.spec.run.rounds}", err=True)
-    _report(saved.spec, run_dir, simulate_fleet(saved.spec, run_dir, saved.broker, resume=saved, engine=engine))
+    _report(saved.spec, run_dir, simulate_fleet(saved.spec, run_dir, saved.broker, resume=saved, engine=engine,
+                                                       ray_address=ray_address))
 
 
 def _report(spec: FleetSpec, out_dir: Path, summary: dict) -> None:

@@ -1,8 +1,9 @@
 """Run a federation on Flower's simulation engine (Ray) and write the run directory.
 
-Ray starts one worker per `client-cpus` share of the machine's cores; each worker trains
-whichever partition a message names. Ray's and Flower's own logging is turned down so the
-user sees edgesched's progress; client failures are counted in the results instead.
+Ray starts one worker per `client-cpus` share of the machine's cores (or of a Ray cluster's,
+joined with `join_cluster`); each worker trains whichever partition a message names. Ray's and
+Flower's own logging is turned down so the user sees edgesched's progress; client failures are
+counted in the results instead.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ if TYPE_CHECKING:
     from flwr.serverapp import Grid
 
 
-def simulate(cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
-    """Run `cfg` (already resolved) and return the summary written to `out_dir`."""
+def simulate(cfg: RunConfig, out_dir: Path, ray_address: str | None = None) -> dict[str, Any]:
+    """Run `cfg` (already resolved) here, or on the Ray cluster at `ray_address`, and return the
+    summary written to `out_dir`."""
     data.load(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
+    if ray_address:
+        join_cluster(ray_address)
     recorder = RunRecorder(out_dir, cfg.to_mapping())
     from edgesched.flower.run import RunResult, run_on_grid
 
@@ -71,9 +75,28 @@ def run_engine(main: Callable[[Grid, Context], None], cfg: RunConfig, num_nodes:
                    backend_config=_backend_config(cfg))
 
 
-def workers(cfg: RunConfig) -> int:
-    """Parallel training workers: the machine's cores divided by the cores each client gets."""
-    return max(1, int((os.cpu_count() or 1) / cfg.client_cpus))
+def workers(cfg: RunConfig, cpus: int | None = None) -> int:
+    """Parallel training workers: the cores (this machine's, or a cluster's `cpus`) divided by the
+    cores each client gets."""
+    return max(1, int((cpus or os.cpu_count() or 1) / cfg.client_cpus))
+
+
+def join_cluster(address: str) -> int:
+    """Join the Ray cluster at `address` (`ray start --head` on one machine, `ray start --address`
+    on the others) before Flower would start a Ray of its own, which it then does not; the
+    cluster's CPUs. The executors are Ray actors and spread over the cluster's nodes; which node
+    trains a message changes nothing in the result, so a seed gives the same run as on one machine."""
+    import ray
+
+    _quiet_engine()
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise EdgeschedError(f"cannot join the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    if cpus < 1:
+        raise EdgeschedError(f"the Ray cluster at {address} has no CPUs to train on")
+    return cpus
 
 
 def _backend_config(cfg: RunConfig) -> dict[str, Any]:

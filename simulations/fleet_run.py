@@ -37,7 +37,7 @@ from edgesched.simulations.checkpoint import Checkpoint
 from edgesched.simulations.clock import EventLog, VirtualClock
 from edgesched.simulations.contenders import FLOWER, evaluator, make_policy, run_flower, summary_extra
 from edgesched.simulations.devices import VirtualFleet
-from edgesched.simulations.engine import run_engine, workers
+from edgesched.simulations.engine import join_cluster, run_engine, workers
 from edgesched.simulations.fleet import FleetSpec
 from edgesched.simulations.grid_face import FlowerGridFace
 from edgesched.simulations.heartbeats import Bus, InProcessBus, MqttBus, RegistryFleetView, VirtualTelemetry
@@ -49,9 +49,11 @@ IN_PROCESS = "in-process"
 
 
 def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
-                   resume: Checkpoint | None = None, engine: str = "ray") -> dict[str, Any]:
+                   resume: Checkpoint | None = None, engine: str = "ray", ray_address: str | None = None
+                   ) -> dict[str, Any]:
     """Run the fleet with `spec.run.strategy`; telemetry over `broker` (in-process, embedded or a URL);
-    the real training on Flower's simulation `engine` ("ray") or in this process ("in-process").
+    the real training on Flower's simulation `engine` ("ray": here, or on the Ray cluster at
+    `ray_address`) or in this process ("in-process").
 
     The adaptive scheduler's strategies write a checkpoint after every round; `resume` (one of
     them, with its own spec and broker) continues that run in `out_dir`.
@@ -59,6 +61,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
     cfg = spec.run
     strategy = cfg.strategy
     dataset = data.load(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
+    nodes = workers(cfg, join_cluster(ray_address) if ray_address and engine != IN_PROCESS else None)
     sizes = [len(p) for p in partition.partition(dataset.y_train, dataset.groups, cfg.data.partitioner,
                                                  spec.size, cfg.data.alpha, cfg.seed)]
     size = model_size(cfg.data.dataset)
@@ -87,7 +90,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
 
             def main(grid: Any, context: Any) -> None:
                 weights, evaluate = evaluator(cfg)
-                executors = Executors(grid, workers(cfg))
+                executors = Executors(grid, nodes)
                 if resume is None:
                     clock = VirtualClock(fleet, telemetry, EventLog(events))
                     clock.start()
@@ -141,9 +144,9 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                 transport.finish()
 
             if engine == "in-process":
-                run_in_process(main, num_nodes=workers(cfg), threads=max(1, int(cfg.client_cpus)))
+                run_in_process(main, num_nodes=nodes, threads=max(1, int(cfg.client_cpus)))
             else:
-                run_engine(main, cfg, num_nodes=workers(cfg))
+                run_engine(main, cfg, num_nodes=nodes)
     if "weights" not in state:
         raise EdgeschedError(f"the simulation ended without a result; see {out_dir} for the rounds it finished")
     reached = next((r.virtual_seconds for r in recorder.rounds if r.accuracy >= spec.target_accuracy), None)

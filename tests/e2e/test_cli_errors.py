@@ -14,7 +14,7 @@ def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
-NEED_FLEET = "--dropout, --bad-updates, --malicious, --attack, --broker and --engine need --fleet"
+NEED_FLEET = "--dropout, --bad-updates, --malicious, --attack, --broker, --compare and --engine need --fleet"
 
 
 @pytest.mark.parametrize(
@@ -79,11 +79,17 @@ def test_agent_bad_input_is_one_clear_line(args, says):
         (["--dropout", "0.2"], NEED_FLEET),
         (["--broker", "embedded"], NEED_FLEET),
         (["--engine", "in-process"], NEED_FLEET),
+        (["--compare", "fedavg"], NEED_FLEET),
+        (["--fleet", "lab-20", "--compare", "fedsgd"], "--compare: unknown strategy 'fedsgd'; choose one of"),
+        (["--fleet", "lab-20", "--engine", "in-process", "--ray-address", "127.0.0.1:1"],
+         "--ray-address runs the training on a Ray cluster: it needs --engine ray"),
+        (["--fleet", "lab-20", "--dashboard", "--dashboard-port", "70000", "--rounds", "1"],
+         "--dashboard-port 70000: expected 1-65535"),
         (["--fleet", "lab-20", "--engine", "threads"], "--engine: unknown 'threads'; choose one of ray, in-process"),
         (["--fleet", "lab-20", "--bad-updates", "1.5"], "--bad-updates must be in [0, 1]"),
         (["--fleet", "lab-20", "--malicious", "-0.1"], "--malicious must be in [0, 1]"),
         (["--fleet", "lab-20", "--attack", "bribe"], "--attack: unknown 'bribe'; choose one of sign-flip, scale"),
-        (["--attack", "nan"], "--malicious, --attack, --broker and --engine need --fleet"),
+        (["--attack", "nan"], "--malicious, --attack, --broker, --compare and --engine need --fleet"),
         (["--fleet", "lab-20", "--strategy", "oort"], "strategy: choose one of fedavg, fedprox, deadline, fedbuff, "
                                                       "edgesched, edgesched-no-prediction"),
         (["--strategy", "oort"], "strategy: choose one of fedavg, fedprox,"),
