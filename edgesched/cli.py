@@ -89,7 +89,7 @@ def simulate(
         "CPU cores per simulated client; cores / this = parallel workers."
     ))] = _DEFAULTS.client_cpus,
     fleet: Annotated[str | None, Opt(help=(
-        "A fleet file (TOML) or the name of a shipped one (lab-20, campus-100, phones-1000; hapt-30 with "
+        "A fleet file (TOML) or the name of a shipped one (mixed-24, lab-20, campus-100, phones-1000; hapt-30 with "
         "--data-dir): virtual devices "
         "calibrated on real boards and phones, trained for real, timed in virtual seconds. The file sets the "
         "data and training options; --seed, --rounds, --data-dir and --dropout override it."

@@ -33,7 +33,7 @@ def test_shipped_fleets_load(name, size):
 
 
 def test_every_shipped_fleet_file_is_named_in_the_folder():
-    assert {p.stem for p in FLEETS.glob("*.toml")} == {"lab-20", "campus-100", "phones-1000", "hapt-30"}
+    assert {p.stem for p in FLEETS.glob("*.toml")} == {"lab-20", "campus-100", "phones-1000", "hapt-30", "mixed-24"}
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_a_bad_fleet_file_names_the_file_and_the_key(tmp_path, edit, says):
 
 
 def test_unknown_fleet_names_the_shipped_ones():
-    with pytest.raises(ConfigError, match="shipped fleets: campus-100, hapt-30, lab-20, phones-1000"):
+    with pytest.raises(ConfigError, match="shipped fleets: campus-100, hapt-30, lab-20, mixed-24, phones-1000"):
         load_fleet("garage-3")
 
 
