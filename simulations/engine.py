@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -88,6 +89,13 @@ def join_cluster(address: str) -> int:
     trains a message changes nothing in the result, so a seed gives the same run as on one machine."""
     import ray
 
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise EdgeschedError(f"--ray-address {address!r}: expected host:port of the cluster's head")
+    try:  # Ray itself would retry an absent head for minutes
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise EdgeschedError(f"cannot join the Ray cluster at {address}: {exc.strerror or exc}") from None
     _quiet_engine()
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
