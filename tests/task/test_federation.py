@@ -312,9 +312,47 @@ def test_a_run_whose_every_board_is_stuck_stops_with_its_model_and_its_checkpoin
     cfg = adaptive(rounds=4, **{"checkpoint-dir": str(tmp_path), "round-timeout": 3.0, "min-deadline": 0.5})
     result = run_gateway(SilentGrid(NODE_CONFIGS), cfg, lambda *_: None)
     assert result.stopped is not None and "no device could take work" in result.stopped
-    assert len(result.rounds) == 1 and set(result.weights) == {"net.0.weight", "net.0.bias", "net.2.weight",
+    # round 2 gave each silent board one more job beside its first; with two each out, none is left
+    assert len(result.rounds) == 2 and set(result.weights) == {"net.0.weight", "net.0.bias", "net.2.weight",
                                                                "net.2.bias"}
     assert (tmp_path / CHECKPOINT).exists()
+
+
+class SlowFirstJobGrid(LocalGrid):
+    """Every board's first job takes `slow_s` (a loaded machine); later ones come at once."""
+
+    def __init__(self, nodes, slow_s: float) -> None:
+        super().__init__(nodes)
+        self.slow_s = slow_s
+        self._held: dict[str, float] = {}  # message id -> when its reply may be pulled
+        self._trained: set[int] = set()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg, msg_id in zip(messages, ids, strict=True):
+            node = msg.metadata.dst_node_id
+            if msg.metadata.message_type == "train" and node not in self._trained:
+                self._trained.add(node)
+                self._held[msg_id] = time.monotonic() + self.slow_s
+        return ids
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic()
+        return super().pull_messages([i for i in message_ids if self._held.get(i, 0.0) <= now])
+
+
+def test_boards_whose_jobs_outlast_the_round_timeout_get_new_work_and_the_run_goes_on(tmp_path):
+    """Every board busy with a job far past its deadline: after a round timeout each is given new
+    work beside it, and the run ends with all its rounds (it used to stop: no device could take work)."""
+    cfg = adaptive(rounds=3, **{"round-timeout": 2.0, "min-deadline": 0.5})
+    grid = SlowFirstJobGrid(NODE_CONFIGS, slow_s=6.0)
+    result = run_gateway(grid, cfg, lambda *_: None)
+    assert result.stopped is None and [r.round for r in result.rounds] == [1, 2, 3]
+    assert result.rounds[0].replied == 0 and sum(r.replied for r in result.rounds[1:]) >= 3  # rounds 2-3 trained
+    trains = [m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"]
+    assert all(trains.count(node) >= 2 for node in NODES)  # each board took new work beside its slow job
+    assert result.rounds[-1].accuracy > 0.3
 
 
 class DeadNodeGrid(LocalGrid):

@@ -17,6 +17,7 @@ rejoins (minutes), where a round of a few fewer updates costs a little noise (do
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping
 
 from edgesched.core.decisions import Decision
@@ -55,6 +56,8 @@ class EdgeschedPolicy:
             return None
         views = fleet.views(now)
         busy = {job.device for job in jobs.values()}
+        if now >= self._give_up and all(v.device in busy for v in views):
+            busy -= self._stuck(jobs, now)
         self.scheduler.observe(views, now, busy)
         free = sum(1 for v in views if v.device not in busy)
         wanted = self.scheduler.candidates_wanted()
@@ -72,6 +75,16 @@ class EdgeschedPolicy:
             raise EdgeschedError(f"round {self._step}: no device could take work for {self.round_timeout:.0f} s "
                                  f"({len(views)} online, {len(busy)} busy)")
         return None
+
+    def _stuck(self, jobs: Mapping[str, Job], now: float) -> set[str]:
+        """Devices whose one job in flight has been out longer than the round timeout, while no
+        device is free: a board slowed far below its prediction, say. Each is given new work
+        beside that job (which may still come and count, and is written off at a round's close
+        once hopeless), so the run goes on with whoever is there; a device with two such jobs is
+        given no third, and when no device is left, the run stops."""
+        jobs_of = Counter(job.device for job in jobs.values())
+        return {job.device for job in jobs.values()
+                if jobs_of[job.device] == 1 and now - job.sent_at > self.round_timeout}
 
     def on_sent(self, job: Job, now: float) -> None:
         assignment, view = self._planned[job.device]
