@@ -77,6 +77,7 @@ class _Appended:
     def restart(self) -> None:
         self._offset = 0
         self._partial = b""
+        self.header: list[str] | None = None  # a CSV's, once its first line is in
 
     def read(self) -> tuple[list[str], bool]:
         """(new lines, whether the file was cut back and is being read from its start)."""
@@ -95,6 +96,16 @@ class _Appended:
         self._offset = size
         *lines, self._partial = chunk.split(b"\n")
         return [line.decode("utf-8", "replace") for line in lines if line], reset
+
+    def rows(self, lines: list[str]) -> list[dict[str, str]]:
+        """`lines` of a CSV as rows by its header (taken from the file's first line)."""
+        rows = []
+        for row in csv.reader(lines):
+            if self.header is None:
+                self.header = row
+            else:
+                rows.append(dict(zip(self.header, row, strict=False)))
+        return rows
 
 
 @dataclass
@@ -171,8 +182,6 @@ class RunWatch:
 
     def _clear(self) -> None:
         self.rounds: list[dict[str, Any]] = []
-        self._round_header: list[str] | None = None
-        self._job_header: list[str] | None = None
         self.jobs_counted = 0
         self.notes: dict[str, _DeviceNotes] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
@@ -185,37 +194,26 @@ class RunWatch:
     def refresh(self) -> bool:
         """Read what is new; True if anything was."""
         before = self.version
-        rounds, reset = self._rounds_file.read()
-        if reset:  # a resumed run cut its logs back: read everything again
+        logs = (self._rounds_file, self._jobs_file, self._decisions_file, self._events_file)
+        read = [log.read() for log in logs]
+        if any(reset for _, reset in read):  # a resumed run cut its logs back: read them all again
             self._clear()
-            for log in (self._jobs_file, self._decisions_file, self._events_file):
+            for log in logs:
                 log.restart()
+            read = [log.read() for log in logs]
             self.version += 1
-        self._take_rounds(rounds)
-        self._take_jobs(self._jobs_file.read()[0])
-        self._take_decisions(self._decisions_file.read()[0])
-        self._take_events(self._events_file.read()[0])
-        self._take_files()
-        return self.version != before
-
-    def _take_rounds(self, lines: list[str]) -> None:
-        for row in csv.reader(lines):
-            if self._round_header is None:
-                self._round_header = row
-                continue
-            record = dict(zip(self._round_header, row, strict=False))
+        (rounds, _), (jobs, _), (decisions, _), (events, _) = read
+        for record in self._rounds_file.rows(rounds):
             self.rounds.append({k: _number(v) for k, v in record.items()})
             self.version += 1
-
-    def _take_jobs(self, lines: list[str]) -> None:
-        for row in csv.reader(lines):
-            if self._job_header is None:
-                self._job_header = row
-                continue
-            job = dict(zip(self._job_header, row, strict=False))
+        for job in self._jobs_file.rows(jobs):
             self.jobs_counted += 1
             self._note(job.get("device_id") or f"node-{job.get('node_id')}").counted += 1
             self.version += 1
+        self._take_decisions(decisions)
+        self._take_events(events)
+        self._take_files()
+        return self.version != before
 
     def _take_decisions(self, lines: list[str]) -> None:
         events_logged = (self.run_dir / "events.jsonl").exists()

@@ -84,6 +84,17 @@ def test_watch_reads_what_is_appended_joins_gateway_names_and_starts_over_when_c
     assert view["run"]["step"] == 1 and view["jobs"]["counted"] == 0
     assert view["jobs"]["lost"] == {"device offline": 1}  # decisions.jsonl, still whole, read again once
 
+    events = tmp_path / "events.jsonl"  # a virtual fleet's: the timeline comes from it, not the decisions
+    dispatch = '{"t": 1.0, "event": "dispatch", "round": 1, "device": "pi-a"}\n'
+    events.write_text(dispatch + '{"t": 2.0, "event": "upload", "round": 1, "device": "pi-a"}\n'
+                      + dispatch.replace("1.0", "3.0").replace('"round": 1', '"round": 2'))
+    assert watch.refresh()
+    pi_a = [(s["start"], s["end"]) for s in watch.view()["timeline"] if s["device"] == "pi-a"]
+    assert pi_a == [(1.0, 2.0), (3.0, None)]
+    events.write_text(dispatch)  # cut back alone (killed mid-step after its checkpoint): read anew, not doubled
+    assert watch.refresh()
+    assert [(s["start"], s["end"]) for s in watch.view()["timeline"]] == [(1.0, None)]
+
     (tmp_path / "summary.json").write_text(json.dumps({"final_accuracy": 0.5}))
     assert watch.refresh() and watch.view()["run"]["status"] == "finished"
 
