@@ -164,21 +164,19 @@ def simulate(
     """
     if not 0 < dashboard_port < 65536:
         raise ConfigError(f"--dashboard-port {dashboard_port}: expected 1-65535")
+    if ray_address and engine != "ray":
+        raise ConfigError("--ray-address runs the training on a Ray cluster: it needs --engine ray")
     if resume is not None:
         given = [f"--{name.replace('_', '-')}" for name in click.get_current_context().params
                  if name not in ("resume", "engine") and click.get_current_context().get_parameter_source(name)
                  == click.core.ParameterSource.COMMANDLINE]
         if given and set(given) - {"--dashboard", "--dashboard-port", "--ray-address"}:
             raise ConfigError(f"--resume continues the run with its own settings; drop {', '.join(given)}")
-        if ray_address and engine != "ray":
-            raise ConfigError("--ray-address runs the training on a Ray cluster: it needs --engine ray")
         with _dashboard(resume, dashboard, dashboard_port):
             _resume_fleet(resume, engine, ray_address)
         return
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
-    if ray_address and engine != "ray":
-        raise ConfigError("--ray-address runs the training on a Ray cluster: it needs --engine ray")
     scheduler_keys = parse_scheduler_keys(scheduler or "")
     chosen = strategy or ("edgesched" if fleet is not None else "fedavg")  # the default: edgesched on a fleet
     if scheduler_keys and chosen in BASELINES:

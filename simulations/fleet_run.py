@@ -61,7 +61,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
     cfg = spec.run
     strategy = cfg.strategy
     dataset = data.load(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
-    nodes = workers(cfg, join_cluster(ray_address) if ray_address and engine != IN_PROCESS else None)
+    nodes = workers(cfg, join_cluster(ray_address) if ray_address else None)  # the CLI allows it with ray only
     sizes = [len(p) for p in partition.partition(dataset.y_train, dataset.groups, cfg.data.partitioner,
                                                  spec.size, cfg.data.alpha, cfg.seed)]
     size = model_size(cfg.data.dataset)
