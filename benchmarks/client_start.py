@@ -35,7 +35,7 @@ from edgesched.config import RunConfig
 from edgesched.flower.messages import job_config
 content = RecordDict()
 if "{kind}" == "train":
-    from edgesched.models import build_model
+    from edgesched.tasks import build_model
     cfg = RunConfig.from_mapping({{"dataset": "{dataset}", "clients": {clients}, "local-epochs": 1}})
     content = RecordDict({{"arrays": ArrayRecord(build_model("{dataset}").state_dict()),
                           "config": ConfigRecord({{**job_config(cfg, 1, 0), "max-steps": 1}})}})

@@ -300,9 +300,8 @@ def export(
     """
     import json
 
-    from edgesched import data
     from edgesched.export import evaluate_onnx, load_weights, to_onnx
-    from edgesched.models import build_model
+    from edgesched.tasks import build_model, load_data
     from edgesched.training import scorer
 
     if not onnx:
@@ -319,11 +318,11 @@ def export(
     except ValueError as exc:  # not JSON, not UTF-8
         raise ConfigError(f"{run_dir / 'config.json'}: not a run's config ({exc})") from None
     dataset = config.get("dataset") if isinstance(config, dict) else None
-    if dataset not in DATASETS:
+    if not isinstance(dataset, str):
         raise ConfigError(f"{run_dir / 'config.json'}: not a run's config (dataset {dataset!r})")
     weights = load_weights(run_dir / "model.npz", dataset)
-    test = data.load(dataset, config.get("data-dir"))
-    model_bytes = to_onnx(dataset, weights, test.normalise)
+    test = load_data(dataset, config.get("data-dir"))
+    model_bytes = to_onnx(dataset, weights)
     torch_loss, torch_acc = scorer(build_model(dataset), test.x_test, test.y_test)(list(weights.values()))
     assert test.x_test_raw is not None
     onnx_loss, onnx_acc = evaluate_onnx(model_bytes, test.x_test_raw, test.y_test)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -26,7 +28,9 @@ from edgesched.errors import ConfigError
 
 # The choices live here, with the validation, so that importing the config (as the CLI and the
 # device agent do) costs no numpy: a small board keeps those megabytes for training.
-DATASETS = ("fmnist", "hapt", "digits")
+DATASETS = ("fmnist", "hapt", "digits")  # the shipped tasks (edgesched.tasks)
+# A user's own task: `package.module:attribute`, or `/path/to/file.py:attribute`.
+TASK_PATH = r"([\w.]+|[^:]+\.py):([A-Za-z_]\w*)"
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
 ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines updates
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
@@ -48,6 +52,7 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "hapt": {"data-dir": None, "partitioner": "natural", "clients": 30, "local-epochs": 5},
     "digits": {"data-dir": None, "partitioner": "dirichlet", "clients": 10, "local-epochs": 5},
 }
+OWN_TASK_DEFAULTS: dict[str, Any] = {"data-dir": None, "partitioner": "dirichlet", "clients": 10, "local-epochs": 1}
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class DataSettings:
     clients: int = 10  # partitions: one per client
 
     def __post_init__(self) -> None:
-        _choice("dataset", self.dataset, DATASETS)
+        _check_task(self.dataset)
         _choice("partitioner", self.partitioner, PARTITIONERS)
         _require(self.alpha > 0, "alpha", "must be > 0", self.alpha)
         _require(self.clients >= 1, "clients", "must be >= 1", self.clients)
@@ -170,8 +175,11 @@ class RunConfig:
         given = {key: value for key, value in _coerced(values).items()
                  if value is not None and not (value == "" and "None" in str(known[key].type))}
         dataset = given.get("dataset", "fmnist")
-        _choice("dataset", dataset, DATASETS)
-        resolved = {**DATASET_DEFAULTS[dataset], **given}
+        _check_task(dataset)
+        where, _, attribute = dataset.rpartition(":")
+        if where.endswith(".py"):  # a task file: found from any worker's working directory
+            given["dataset"] = f"{os.path.abspath(where)}:{attribute}"
+        resolved = {**DATASET_DEFAULTS.get(dataset, OWN_TASK_DEFAULTS), **given}
         resolved.setdefault("max-epochs", 2 * resolved["local-epochs"])
         parts = {name: kind(**_fields_of(kind, resolved)) for name, kind in _PARTS.items()}
         return cls(**_fields_of(cls, resolved), **parts)
@@ -206,6 +214,13 @@ def _kebab(name: str) -> str:
 def _require(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
         raise ConfigError(f"{key}: {rule}, got {value!r}")
+
+
+def _check_task(name: str) -> None:
+    """A shipped task's name or the form of a user's own (it is imported where it is used)."""
+    if name not in DATASETS and not re.fullmatch(TASK_PATH, name):
+        raise ConfigError(f"dataset: unknown {name!r}; choose one of {', '.join(DATASETS)}, or name your own "
+                          f"task as module:attribute or /path/to/file.py:attribute")
 
 
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:

@@ -6,9 +6,10 @@
   2.56 s (128 samples, 50 % overlap); each user is one natural client.
 - digits: scikit-learn's bundled 8x8 digits, for quick runs and tests.
 
-Loaders return float32 inputs already normalised for the models in `edgesched.models`, and
-say how (`Normalise`): the exported ONNX model starts with that step, so a board feeds it raw
-readings. The raw test inputs are kept to check an export against.
+Loaders return float32 inputs already normalised for the models in `edgesched.models`, each
+by its fixed `Normalise` (the tasks in edgesched.tasks carry it): a board's own raw readings
+become model inputs the same way, and the exported ONNX model starts with that step, so a board
+feeds it raw readings. The raw test inputs are kept to check an export against.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Normalise:
 @dataclass(frozen=True)
 class Dataset:
     """A train/test split; `groups` names each training sample's natural owner (a user);
-    `x_test_raw` the test inputs as a device reads them, which `normalise` turns into `x_test`."""
+    `x_test_raw` the test inputs as a device reads them, which the task's `normalise` turns into `x_test`."""
 
     name: str
     x_train: np.ndarray
@@ -65,7 +66,17 @@ class Dataset:
     num_classes: int
     groups: np.ndarray | None = None
     x_test_raw: np.ndarray | None = None
-    normalise: Normalise | None = None
+
+
+FMNIST_NORMALISE = Normalise(255.0, 0.2860, 0.3530, channel_axis=True)
+# Per channel (body acceleration x, y, z in g; angular velocity x, y, z in rad/s), over all 30
+# users' training windows: fixed, so a board normalises its own readings as the gateway does.
+HAPT_NORMALISE = Normalise(
+    1.0,
+    np.array([0.8022, 0.03670, 0.09573, 0.002971, -0.0005294, -0.008819], dtype=np.float32).reshape(1, 6, 1),
+    np.array([0.4115, 0.4035, 0.3467, 0.4164, 0.3947, 0.2750], dtype=np.float32).reshape(1, 6, 1),
+)
+DIGITS_NORMALISE = Normalise(16.0, 0.5, 0.5)
 
 
 @lru_cache(maxsize=4)
@@ -103,7 +114,7 @@ def read_idx(path: Path) -> np.ndarray:
 def load_fmnist(folder: Path) -> Dataset:
     arrays = {key: read_idx(_find_idx(folder, stem)) for key, stem in _FMNIST_FILES.items()}
 
-    images = Normalise(255.0, 0.2860, 0.3530, channel_axis=True)
+    images = FMNIST_NORMALISE
     return Dataset(
         "fmnist",
         images(arrays["x_train"]),
@@ -112,7 +123,6 @@ def load_fmnist(folder: Path) -> Dataset:
         arrays["y_test"].astype(np.int64),
         num_classes=10,
         x_test_raw=arrays["x_test"],
-        normalise=images,
     )
 
 
@@ -156,9 +166,9 @@ def load_hapt(folder: Path) -> Dataset:
             parts[test].append((x[keep], y[keep], np.full(int(keep.sum()), user, dtype=np.int64)))
     x_train, y_train, groups = (np.concatenate(a) for a in zip(*parts[False], strict=True))
     x_test, y_test, _ = (np.concatenate(a) for a in zip(*parts[True], strict=True))
-    signals = Normalise(1.0, x_train.mean(axis=(0, 2), keepdims=True), x_train.std(axis=(0, 2), keepdims=True) + 1e-6)
+    signals = HAPT_NORMALISE
     return Dataset("hapt", signals(x_train), y_train, signals(x_test), y_test, num_classes=12, groups=groups,
-                   x_test_raw=x_test, normalise=signals)
+                   x_test_raw=x_test)
 
 
 def _windows(signal: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -180,11 +190,10 @@ def load_digits() -> Dataset:
     except ImportError as exc:
         raise DataError("the digits data set needs scikit-learn: pip install scikit-learn") from exc
     bunch = sk_digits()
-    pixels = Normalise(16.0, 0.5, 0.5)
+    pixels = DIGITS_NORMALISE
     x = pixels(bunch.data)
     y = bunch.target.astype(np.int64)
     order = np.random.default_rng(0).permutation(len(y))
     cut = int(len(y) * 0.75)
     tr, te = order[:cut], order[cut:]
-    return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10, x_test_raw=bunch.data[te].astype(np.float32),
-                   normalise=pixels)
+    return Dataset("digits", x[tr], y[tr], x[te], y[te], num_classes=10, x_test_raw=bunch.data[te].astype(np.float32))

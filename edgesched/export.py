@@ -26,22 +26,24 @@ import numpy as np
 
 from edgesched.data import Normalise
 from edgesched.errors import EdgeschedError
-from edgesched.models import INPUT_SHAPES, build_model
+from edgesched.tasks import resolve
 
 OPSET = 17
 INSTALL_HINT = "pip install 'edgesched[onnx]' (onnx and onnxruntime)"
 
 
-def to_onnx(dataset: str, weights: Mapping[str, np.ndarray], normalise: Normalise | None = None) -> bytes:
-    """The data set's model carrying `weights` (a state dict of arrays), as ONNX bytes; with
-    `normalise` (the data set's), the graph starts with it and takes raw readings, so a board
+def to_onnx(dataset: str, weights: Mapping[str, np.ndarray], raw_inputs: bool = True) -> bytes:
+    """The task's model carrying `weights` (a state dict of arrays), as ONNX bytes. With
+    `raw_inputs`, the graph starts with the task's `normalise` and takes raw readings, so a board
     that runs it needs nothing but onnxruntime and its own data."""
     import torch
 
     require("onnx")
-    model = build_model(dataset)
+    task = resolve(dataset)
+    model = task.build()
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()})
-    shape = INPUT_SHAPES[dataset]
+    shape = task.input_shape
+    normalise = task.normalise if raw_inputs else None
     if normalise is not None:
         model = _normalising(model, normalise)
         shape = shape[1:] if normalise.channel_axis else shape
@@ -83,7 +85,7 @@ def load_weights(path: Path, dataset: str) -> dict[str, np.ndarray]:
             weights = {k: saved[k] for k in saved.files}
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
         raise EdgeschedError(f"{path}: unreadable .npz archive ({exc})") from None
-    expected = {k: tuple(v.shape) for k, v in build_model(dataset).state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in resolve(dataset).build().state_dict().items()}
     wrong = sorted(k for k in expected.keys() | weights.keys()
                    if k not in weights or expected.get(k) != weights[k].shape)
     if wrong:
@@ -117,11 +119,11 @@ def infer_samples_per_s(dataset: str, seconds: float = 1.0, batch_size: int = 32
     require("onnxruntime")
     import onnxruntime
 
-    model = build_model(dataset)
-    session = onnxruntime.InferenceSession(to_onnx(dataset, {k: v.detach().numpy() for k, v in
-                                                             model.state_dict().items()}),
+    task = resolve(dataset)
+    weights = {k: v.detach().numpy() for k, v in task.build().state_dict().items()}
+    session = onnxruntime.InferenceSession(to_onnx(dataset, weights, raw_inputs=False),
                                            providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(0).standard_normal((batch_size, *INPUT_SHAPES[dataset])).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((batch_size, *task.input_shape)).astype(np.float32)
     session.run(None, {"x": x})  # warm-up: the first run allocates
     done, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < seconds:

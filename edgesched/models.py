@@ -1,4 +1,5 @@
-"""Models sized for edge boards: a few hundred thousand parameters at most, CPU-friendly."""
+"""The shipped tasks' models (edgesched.tasks), sized for edge boards: a few hundred thousand
+parameters at most, CPU-friendly."""
 
 from __future__ import annotations
 
@@ -46,24 +47,3 @@ class DigitsMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-
-MODELS: dict[str, type[nn.Module]] = {"fmnist": SmallCNN, "hapt": SensorCNN, "digits": DigitsMLP}
-INPUT_SHAPES: dict[str, tuple[int, ...]] = {"fmnist": (1, 28, 28), "hapt": (6, 128), "digits": (64,)}
-
-
-def build_model(dataset: str, seed: int = 0) -> nn.Module:
-    """The model for a data set, with weights drawn from `seed` (same seed, same weights)."""
-    torch.manual_seed(seed)
-    return MODELS[dataset]()
-
-
-def model_size(dataset: str) -> dict[str, int]:
-    """Parameters and forward MACs per sample: where sizing a model for a board starts."""
-    from edgesched.macs import count_macs
-
-    model = build_model(dataset)
-    return {
-        "model_parameters": sum(p.numel() for p in model.parameters()),
-        "model_macs_per_sample": count_macs(model, torch.zeros(INPUT_SHAPES[dataset])),
-    }

@@ -45,11 +45,9 @@ class RunRecorder:
         self.out_dir = out_dir
         self._onnx = config["dataset"] if config.get("onnx-every-round") else None
         if self._onnx:
-            from edgesched import data
             from edgesched.export import require
 
             require("onnx")  # before the run starts, not after its first round
-            self._normalise = data.load(self._onnx, config.get("data-dir")).normalise  # the graph's first step
             (out_dir / "onnx").mkdir(exist_ok=True)
         self.rounds: list[RoundRecord] = list(rounds or [])
         if resume is None:
@@ -73,7 +71,7 @@ class RunRecorder:
         if self._onnx:
             from edgesched.export import to_onnx
 
-            onnx = to_onnx(self._onnx, model, self._normalise)
+            onnx = to_onnx(self._onnx, model)
             atomic_write(self.out_dir / "onnx" / f"round-{record.round:04d}.onnx", onnx)
         self.rounds.append(record)
         self._round_csv.write(record)

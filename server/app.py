@@ -88,7 +88,7 @@ def run_gateway(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
     resume = Saved(saved.state, saved.policy, saved.fleet) if saved else None
     result = run_on_grid(grid, cfg, on_round, telemetry, resume,
                          after_step if cfg.checkpoint_dir or recorder is not None else None,
-                         recorder.write_fleet if recorder is not None else None)
+                         recorder.write_fleet if recorder is not None else None, identify=True)
     if result.stopped is None:  # a stopped run keeps it: started again, it goes on once devices are back
         checkpoint.remove(cfg)
     return result

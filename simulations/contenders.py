@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from edgesched import data
 from edgesched.config import RunConfig
 from edgesched.core import policies
 from edgesched.core.decisions import prediction_error
@@ -54,10 +53,10 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
 
 def evaluator(cfg: RunConfig) -> tuple[Weights, Evaluate]:
     """(initial weights, evaluate(weights) -> (loss, accuracy) on the held-out test set)."""
-    from edgesched.models import build_model
+    from edgesched.tasks import build_model, load_data
     from edgesched.training import scorer
 
-    test = data.load(cfg.data.dataset, cfg.data.data_dir)
+    test = load_data(cfg.data.dataset, cfg.data.data_dir)
     model = build_model(cfg.data.dataset, cfg.seed)
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}, scorer(model, test.x_test,
                                                                                           test.y_test)

@@ -17,14 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgesched import data
 from edgesched.config import RunConfig
 from edgesched.core.decisions import prediction_error
 from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.errors import EdgeschedError
-from edgesched.models import model_size
 from edgesched.rundir import RunRecorder
 from edgesched.simulations.progress import RoundProgress
+from edgesched.tasks import load_data, model_size
 
 if TYPE_CHECKING:
     from flwr.app import Context
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
 def simulate(cfg: RunConfig, out_dir: Path, ray_address: str | None = None) -> dict[str, Any]:
     """Run `cfg` (already resolved) here, or on the Ray cluster at `ray_address`, and return the
     summary written to `out_dir`."""
-    data.load(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
+    load_data(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
     if ray_address:
         join_cluster(ray_address)
     recorder = RunRecorder(out_dir, cfg.to_mapping())

@@ -21,13 +21,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from edgesched import data, partition
+from edgesched import partition
 from edgesched.core.engine import Engine, EngineState
 from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.errors import EdgeschedError
 from edgesched.files import open_log
-from edgesched.models import model_size
 from edgesched.observe import fleet_record
 from edgesched.plots import plot_accuracy, plot_timeline
 from edgesched.rundir import RunRecorder
@@ -44,6 +43,7 @@ from edgesched.simulations.heartbeats import Bus, InProcessBus, MqttBus, Registr
 from edgesched.simulations.in_process import run_in_process
 from edgesched.simulations.progress import RoundProgress
 from edgesched.simulations.transport import Executors, VirtualTransport
+from edgesched.tasks import load_data, model_size
 
 IN_PROCESS = "in-process"
 
@@ -60,7 +60,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
     """
     cfg = spec.run
     strategy = cfg.strategy
-    dataset = data.load(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
+    dataset = load_data(cfg.data.dataset, cfg.data.data_dir)  # fail fast on missing data, before Ray starts
     nodes = workers(cfg, join_cluster(ray_address) if ray_address else None)  # the CLI allows it with ray only
     sizes = [len(p) for p in partition.partition(dataset.y_train, dataset.groups, cfg.data.partitioner,
                                                  spec.size, cfg.data.alpha, cfg.seed)]

@@ -4,8 +4,11 @@ A Flower node is planned under the id `node-{id}`. Once a reply names the device
 (its node config's `device-id`), the registry's heartbeats for that device feed its
 predictions and risk, and its Last Will ends its jobs at once. So that this holds from a
 node's first job, not only after its first reply, every node is asked its device id (a
-`query` message, which the ClientApp answers without loading torch) as soon as it appears.
-Partition `i` is trained by the `i`-th node seen, as in the synchronous loop. What the gateway
+`query` message, which the ClientApp answers without loading torch) as soon as it appears;
+the answer also says how many samples a board with its own data holds. Such a board's work is
+sized, its updates weighted and its replies checked by that figure, fixed for the run; other
+nodes train partition `i` of the public data, the `i`-th node seen, as in the synchronous loop.
+A node is not planned while its answer is awaited. What the gateway
 learned of each node (its partition, its device) goes into its checkpoint, so that a restarted
 gateway still knows a dead board's node: that node will never answer its query, and Flower
 lists it for about a minute after its death, a minute in which an unidentified node is planned.
@@ -34,6 +37,7 @@ from edgesched.observe import fleet_record
 log = logging.getLogger(__name__)
 NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
 NODE_WAIT_SECONDS = 120.0
+MAX_LOCAL_SAMPLES = 100_000_000
 
 
 @dataclass
@@ -43,12 +47,15 @@ class FleetMemory:
     partitions: dict[int, int] = field(default_factory=dict)
     devices: dict[int, str] = field(default_factory=dict)
     heard: set[str] = field(default_factory=set)  # devices whose agents have been heard
+    samples: dict[int, int] = field(default_factory=dict)  # boards' own data sizes, as declared on joining
 
 
 class FlowerFleet:
     def __init__(self, grid: Grid, telemetry: RegistryListener | None, sizes: list[int],
-                 dataset: str | None = None, memory: FleetMemory | None = None) -> None:
+                 dataset: str | None = None, memory: FleetMemory | None = None, identify: bool = False) -> None:
+        """`identify`: ask every node (as when there is telemetry), so boards can declare their own data."""
         self._grid = grid
+        self._identify = identify or telemetry is not None
         self._dataset = dataset
         self._telemetry = telemetry
         self.sizes = sizes  # partition -> its samples
@@ -67,7 +74,7 @@ class FlowerFleet:
             self._nodes = sorted(self._grid.get_node_ids())
             self._nodes_at = time.monotonic()
             for node in self._nodes:
-                if self._telemetry is not None and node not in self.memory.devices and node not in self._queried:
+                if self._identify and node not in self.memory.devices and node not in self._queried:
                     self._ask_device_id(node)
                 self.memory.partitions.setdefault(node, len(self.memory.partitions) % len(self.sizes))
         self._take_answers()
@@ -86,6 +93,21 @@ class FlowerFleet:
             node = self._asked.pop(reply.metadata.reply_to_message_id, None)
             if node is not None and not reply.has_error() and DEVICE in reply.content:
                 self.seen(node, str(reply.content[DEVICE]["device-id"]))
+                self._declared(node, reply.content[DEVICE].get("samples"))
+
+    def _declared(self, node: int, samples: Any) -> None:
+        """A board's own data size: a whole number within reason, or the node trains a partition."""
+        if samples is None:
+            return
+        if isinstance(samples, int) and 1 <= samples <= MAX_LOCAL_SAMPLES:
+            self.memory.samples[node] = samples
+        else:
+            log.warning("node %d declares %r samples of its own: not a count of 1 to %d; it is planned on a "
+                        "partition's size, and its replies will not match it", node, samples, MAX_LOCAL_SAMPLES)
+
+    def samples_of(self, node: int) -> int:
+        """What the node trains on: its own data's declared size, or its partition's."""
+        return self.memory.samples.get(node) or self.sizes[self.memory.partitions[node]]
 
     def _states(self) -> dict[int, DeviceState]:
         if self._telemetry is None:
@@ -96,8 +118,13 @@ class FlowerFleet:
     def views(self, now: float) -> list[DeviceView]:
         states = self._states()
         views = []
+        awaited = set(self._asked.values())
         for node in self.nodes():
-            samples = self.sizes[self.memory.partitions[node]]
+            if node in awaited:
+                continue
+            samples = self.samples_of(node)
+            if samples == 0:  # a node with no data of its own where the gateway has none to hand out
+                continue
             state = states.get(node)
             if state is not None:
                 self.memory.heard.add(state.device_id)

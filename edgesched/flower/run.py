@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp import Grid
 
-from edgesched import data, partition
+from edgesched import partition
 from edgesched.config import GATEWAY_STRATEGIES, RunConfig
 from edgesched.core import policies
 from edgesched.core.decisions import Decision
@@ -73,19 +73,22 @@ class RunResult:
 
 def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
                 resume: Saved | None = None, save: Callable[[Saved], None] | None = None,
-                watch: Callable[[Callable[[], dict[str, Any]], bool], None] | None = None) -> RunResult:
+                watch: Callable[[Callable[[], dict[str, Any]], bool], None] | None = None,
+                identify: bool = False) -> RunResult:
     """Run `cfg.rounds` server steps of `cfg.strategy` on the grid's nodes; `save` after each;
-    `watch` is shown the fleet as it goes (RunRecorder.write_fleet: the run directory's fleet.json)."""
-    from edgesched.models import build_model, model_size
+    `watch` is shown the fleet as it goes (RunRecorder.write_fleet: the run directory's fleet.json);
+    `identify`: ask each node what it is and what data it holds (a gateway's real boards)."""
+    from edgesched.tasks import build_model, load_data, model_size
     from edgesched.training import scorer
 
     check_strategy(cfg)
-    ds = data.load(cfg.data.dataset, cfg.data.data_dir)
+    ds = load_data(cfg.data.dataset, cfg.data.data_dir)
     sizes = [len(p) for p in partition.partition(ds.y_train, ds.groups, cfg.data.partitioner, cfg.data.clients,
-                                                 cfg.data.alpha, cfg.seed)]
+                                                 cfg.data.alpha, cfg.seed)] if len(ds.y_train) else \
+        [0] * cfg.data.clients  # a gateway with an evaluation set only: every board brings its own data
     model = build_model(cfg.data.dataset, cfg.seed)
     wait_for_nodes(grid, 1 if resume else cfg.data.clients)  # a resumed run goes on with whoever is there
-    fleet = FlowerFleet(grid, telemetry, sizes, cfg.data.dataset, resume.fleet if resume else None)
+    fleet = FlowerFleet(grid, telemetry, sizes, cfg.data.dataset, resume.fleet if resume else None, identify)
     if resume is not None:
         log.info("resuming after round %d of %d", resume.state.step, cfg.rounds)
         state, policy = resume.state, resume.policy

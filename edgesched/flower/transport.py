@@ -44,9 +44,9 @@ class FlowerTransport:
         return pushed[0]
 
     def bounds(self, device: str, order: Order) -> Bounds:
-        _, partition = self.nodes.target(device)
+        node, partition = self.nodes.target(device)
         training = self.cfg.training
-        return Bounds.of(order, partition, self.nodes.sizes[partition], training.local_epochs, training.batch_size)
+        return Bounds.of(order, partition, self.nodes.samples_of(node), training.local_epochs, training.batch_size)
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
         replies = [decode_reply(reply, reply.metadata.reply_to_message_id, max_bytes)

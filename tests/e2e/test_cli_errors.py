@@ -175,7 +175,7 @@ def _finished_run(run_dir):
     """What export reads of a finished digits run: config.json and model.npz (untrained weights)."""
     import numpy as np
 
-    from edgesched.models import build_model
+    from edgesched.tasks import build_model
 
     run_dir.mkdir()
     (run_dir / "config.json").write_text('{"dataset": "digits"}')

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from edgesched.models import build_model
+from edgesched.tasks import build_model
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import pytest
 
 from edgesched import data
 from edgesched.export import evaluate_onnx
-from edgesched.models import build_model
+from edgesched.tasks import build_model
 
 pytestmark = pytest.mark.slow
 

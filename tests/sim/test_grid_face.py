@@ -11,7 +11,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
-from edgesched.models import build_model, model_size
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.clock import EventLog, VirtualClock
 from edgesched.simulations.devices import VirtualFleet
@@ -19,6 +18,7 @@ from edgesched.simulations.fleet import load_fleet
 from edgesched.simulations.grid_face import FlowerGridFace
 from edgesched.simulations.heartbeats import InProcessBus, VirtualTelemetry
 from edgesched.simulations.transport import Executors, VirtualTransport
+from edgesched.tasks import build_model, model_size
 
 from ..grids import LocalGrid
 from .test_fleet_file import GOOD

@@ -21,13 +21,13 @@ from edgesched.core.engine import Engine, EngineState
 from edgesched.core.events import event_from_json
 from edgesched.core.predict import Predictor
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
-from edgesched.models import build_model, model_size
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.clock import EventLog, VirtualClock
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.fleet import load_fleet
 from edgesched.simulations.heartbeats import InProcessBus, MqttBus, RegistryFleetView, VirtualTelemetry
 from edgesched.simulations.transport import Executors, VirtualTransport
+from edgesched.tasks import build_model, model_size
 from edgesched.training import evaluate
 
 from ..grids import LocalGrid

@@ -12,7 +12,7 @@ from flwr.app.message.message import make_message
 from edgesched.clients.app import app
 from edgesched.config import RunConfig
 from edgesched.flower.messages import job_config
-from edgesched.models import build_model
+from edgesched.tasks import build_model
 
 PI = {"device-id": "pi4-lab-07"}
 

@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 from edgesched.macs import count_macs
-from edgesched.models import model_size
+from edgesched.tasks import model_size
 
 
 def test_small_cnn_macs_match_a_hand_count():

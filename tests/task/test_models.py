@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from edgesched.models import build_model
+from edgesched.tasks import build_model
 
 CASES = {"fmnist": (1, 28, 28), "hapt": (6, 128), "digits": (64,)}
 

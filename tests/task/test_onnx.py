@@ -18,7 +18,7 @@ from edgesched.clients.app import app
 from edgesched.config import RunConfig
 from edgesched.export import evaluate_onnx, to_onnx
 from edgesched.flower.messages import job_config
-from edgesched.models import build_model
+from edgesched.tasks import build_model
 from edgesched.training import evaluate, train
 
 
@@ -32,7 +32,7 @@ def _trained(dataset: str, x: np.ndarray, y: np.ndarray) -> torch.nn.Module:
 def test_onnxruntime_scores_the_export_as_torch_scores_the_model(dataset):
     ds = data.load(dataset)
     model = _trained(dataset, ds.x_train, ds.y_train)
-    onnx = to_onnx(dataset, {k: v.numpy() for k, v in model.state_dict().items()})
+    onnx = to_onnx(dataset, {k: v.numpy() for k, v in model.state_dict().items()}, raw_inputs=False)
     x, y = ds.x_test[:2000], ds.y_test[:2000]
     torch_loss, torch_acc = evaluate(model, x, y)
     onnx_loss, onnx_acc = evaluate_onnx(onnx, x, y)

@@ -1,7 +1,7 @@
 import torch
 
 from edgesched import data
-from edgesched.models import build_model
+from edgesched.tasks import build_model
 from edgesched.training import evaluate, train
 
 
