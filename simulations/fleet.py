@@ -129,9 +129,13 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
     per_round = r.get(training, "clients_per_round", int, prefix="training.", check=lambda v: 1 <= v <= size,
                       rule=f"must be between 1 and the fleet's {size} devices")
     seed = r.get(raw, "seed", int, 0, check=lambda v: v >= 0, rule="must be >= 0")
+    dataset = r.get(data, "dataset", str, prefix="data.")
+    where, _, attribute = dataset.rpartition(":")
+    if where.endswith(".py"):  # a task file beside the fleet file
+        dataset = f"{path.parent / where}:{attribute}"
     try:
         run = RunConfig.from_mapping({
-            "dataset": r.get(data, "dataset", str, prefix="data."),
+            "dataset": dataset,
             "data-dir": r.get(data, "data_dir", str, None, prefix="data."),
             "partitioner": r.get(data, "partitioner", str, None, prefix="data."),
             "alpha": r.get(data, "alpha", float, 0.3, prefix="data."),
