@@ -118,8 +118,9 @@ class FlowerFleet:
     def views(self, now: float) -> list[DeviceView]:
         states = self._states()
         views = []
+        nodes = self.nodes()  # asks new nodes, takes answers
         awaited = set(self._asked.values())
-        for node in self.nodes():
+        for node in nodes:
             if node in awaited:
                 continue
             samples = self.samples_of(node)
