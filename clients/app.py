@@ -43,8 +43,8 @@ def identify(msg: Message, context: Context) -> Message:
     """Which device is this node, and how much data of its own does it hold? The gateway asks once,
     when the node appears: a board's own data size sizes its work and weights its updates."""
     answer: dict[str, str | int] = {"device-id": _device_id(context)}
-    if "local-data" in context.node_config:
-        answer["samples"] = local_data.count(Path(str(context.node_config["local-data"])))
+    if (folder := _own_data(context)) is not None:
+        answer["samples"] = local_data.count(folder)
     return Message(RecordDict({DEVICE: ConfigRecord(answer)}), reply_to=msg)
 
 
@@ -111,8 +111,7 @@ def _device_id(context: Context) -> str:
 def _local_data(task: Task, job: ConfigRecord, context: Context) -> tuple[np.ndarray, np.ndarray]:
     """A board's own data (node config `local-data`), read once per run; else the job's partition
     of the public data (a device's node config `data-dir` overrides the server's path)."""
-    if "local-data" in context.node_config:
-        folder = Path(str(context.node_config["local-data"]))
+    if (folder := _own_data(context)) is not None:
         return _on_disk(("local", task.name, str(folder.resolve()), context.run_id), lambda: _read_own(task, folder))
     data_dir = str(context.node_config.get("data-dir", job["data-dir"])) or None
     key: PartitionKey = (str(job["dataset"]), data_dir, str(job["partitioner"]), int(job["num-partitions"]),
@@ -120,6 +119,12 @@ def _local_data(task: Task, job: ConfigRecord, context: Context) -> tuple[np.nda
     if "device-id" in context.node_config:  # a real board
         return _on_disk(key, lambda: _split(key))
     return _split(key)  # a simulation worker keeps the data set in memory across jobs
+
+
+def _own_data(context: Context) -> Path | None:
+    """The board's own data folder (node config `local-data`; empty: none)."""
+    folder = str(context.node_config.get("local-data", ""))
+    return Path(folder) if folder else None
 
 
 def _read_own(task: Task, folder: Path) -> tuple[np.ndarray, np.ndarray]:

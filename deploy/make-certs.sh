@@ -93,6 +93,7 @@ MQTT_PORT=8883
 EDGESCHED_MQTT_PASSWORD=$password
 EDGESCHED_STATE_DIR=/var/lib/edgesched
 FLWR_TELEMETRY_ENABLED=0
+LOCAL_DATA=
 AGENT_ARGS=
 EOF
     chmod 600 "$bundle/device.env" "$bundle/supernode.key"

@@ -20,7 +20,6 @@ import csv
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ import numpy as np
 import psutil
 import pytest
 
+from benchmarks.processes import Processes
+from benchmarks.processes import wait_for as _wait
 from edgesched.broker import free_port
 
 from ..mqtt.brokers import MOSQUITTO, Mosquitto, password_file, shipped_config
@@ -72,36 +73,6 @@ heartbeat-interval = {HEARTBEAT_S}
 # The shards are IID: these tests are about faults, not label skew. On Dirichlet(0.3) shards, three
 # rounds of a few updates each ended anywhere from 19 % to 67 % accuracy, depending on which
 # boards died when.
-
-
-class Processes:
-    """Started processes by name, each logging to its own file; all stopped at the end."""
-
-    def __init__(self, folder: Path, env: dict[str, str]) -> None:
-        self.folder, self.env, self.procs = folder, env, {}
-
-    def start(self, name: str, *cmd: str | Path, **env: str) -> subprocess.Popen:
-        log = (self.folder / f"{name}.log").open("wb")
-        self.procs[name] = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
-                                            env={**self.env, **env}, start_new_session=True)
-        return self.procs[name]
-
-    def kill(self, name: str) -> None:
-        os.killpg(self.procs[name].pid, signal.SIGKILL)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def _cmdline(proc: psutil.Process) -> str:

@@ -1,0 +1,45 @@
+"""Started processes by name, each logging to its own file, and waiting for a condition: what a
+federation of real processes on loopback is made of (benchmarks.real_fleet, tests/deploy)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class Processes:
+    """Started processes by name, each in its own session and log file; all stopped at the end."""
+
+    def __init__(self, folder: Path, env: dict[str, str]) -> None:
+        self.folder, self.env = folder, env
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, *cmd: str | Path, **env: str) -> subprocess.Popen:
+        log = (self.folder / f"{name}.log").open("wb")
+        self.procs[name] = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
+                                            env={**self.env, **env}, start_new_session=True)
+        return self.procs[name]
+
+    def kill(self, name: str) -> None:
+        os.killpg(self.procs[name].pid, signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(errors="replace")
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.2)

@@ -1,0 +1,184 @@
+"""Benchmark: how well the gateway predicts job times on a fleet of real processes.
+
+A loopback federation as a gateway runs one: Mosquitto, Flower's SuperLink, the edgesched
+ServerApp (`flwr run`), and per board a SuperNode (a fresh ClientApp process per job, paying
+Python's, Flower's and torch's start each time) and an agent sending heartbeats. The boards are
+made unequal with the cgroup v1 CPU controller (`cpu.cfs_quota_us`, so it needs root): each
+SuperNode, and every ClientApp it starts, gets a share of one core. During the run one board
+is throttled to a quarter of its share, and another is killed (SuperNode and agent) and
+started again as a new Flower node under the same device id.
+
+The figure is the scheduler's own: each counted job's predicted against its actual seconds
+(`decisions.jsonl`, outcome records), as the median of |predicted / actual - 1| over the jobs
+of the rounds after `--settle`, with the per-round medians and the disturbed boards' jobs.
+
+    sudo .venv/bin/python -m benchmarks.real_fleet --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.processes import Processes, wait_for
+from edgesched.broker import free_port
+
+BIN = Path(sys.executable).parent
+CGROUP = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 100_000
+# Each board's share of one core (the machine's two cores are shared by all of them).
+BOARDS = {"pi-fast": 1.0, "pi-mid": 0.6, "pi-slow": 0.35, "pi-restart": 0.5}
+THROTTLED, RESTARTED = "pi-mid", "pi-restart"
+APP = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "edgesched-real-fleet"
+version = "1.0.0"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "edgesched"
+
+[tool.flwr.app.components]
+serverapp = "edgesched.server.app:app"
+clientapp = "edgesched.clients.app:app"
+
+[tool.flwr.app.config]
+dataset = "{dataset}"
+strategy = "edgesched"
+clients = {clients}
+rounds = {rounds}
+round-timeout = 300.0
+broker = "mqtt://127.0.0.1:{broker}"
+heartbeat-interval = 1.0
+out-dir = "{out}"
+"""
+
+
+class Fleet:
+    def __init__(self, folder: Path, dataset: str, rounds: int) -> None:
+        self.folder, self.out = folder, folder / "run"
+        self.broker, self.link = free_port(), free_port()
+        home = folder / "flwr-home"
+        home.mkdir()
+        (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+                                          f'address = "127.0.0.1:{self.link}"\ninsecure = true\n')
+        (folder / "app").mkdir()
+        (folder / "app" / "pyproject.toml").write_text(APP.format(dataset=dataset, clients=len(BOARDS), rounds=rounds,
+                                                                  broker=self.broker, out=self.out))
+        (folder / "mosquitto.conf").write_text(f"listener {self.broker} 127.0.0.1\nallow_anonymous true\n"
+                                               f"persistence false\n")
+        self.procs = Processes(folder, {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+                                        "PATH": f"{BIN}:{os.environ['PATH']}"})
+
+    def start(self) -> None:
+        self.procs.start("mosquitto", shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c",
+                         self.folder / "mosquitto.conf")
+        self.procs.start("superlink", BIN / "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port",
+                         str(self.link), "--disable-runtime-dependency-installation")
+        for board, share in BOARDS.items():
+            self.limit(board, share)
+            self.start_board(board)
+        wait_for(lambda: self.procs.log("superlink").count("Activated node_id") >= len(BOARDS), 120,
+                 "the boards' SuperNodes registering")
+
+    def start_board(self, board: str) -> None:
+        state = self.folder / f"state-{board}"
+        supernode = self.procs.start(board, BIN / "flower-supernode", "--insecure", "--superlink",
+                                     f"127.0.0.1:{self.link}", "--port", str(free_port()), "--node-config",
+                                     f"device-id='{board}'", EDGESCHED_STATE_DIR=str(state))
+        (CGROUP / f"edgesched-{board}" / "cgroup.procs").write_text(str(supernode.pid))
+        self.procs.start(f"agent-{board}", sys.executable, "-m", "edgesched", "agent", "--broker",
+                         f"mqtt://127.0.0.1:{self.broker}", "--device-id", board, "--interval", "1",
+                         EDGESCHED_STATE_DIR=str(state))
+
+    def limit(self, board: str, share: float) -> None:
+        group = CGROUP / f"edgesched-{board}"
+        group.mkdir(exist_ok=True)
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(int(share * PERIOD_US)))
+
+    def rounds(self) -> int:
+        path = self.out / "rounds.csv"
+        return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
+
+    def stop(self) -> None:
+        self.procs.stop_all()
+        for board in BOARDS:
+            group = CGROUP / f"edgesched-{board}"
+            if group.exists():
+                for pid in (group / "cgroup.procs").read_text().split():  # leftovers go back to the root
+                    (CGROUP / "cgroup.procs").write_text(pid)
+                group.rmdir()
+
+
+def run(rounds: int, dataset: str, folder: Path, settle: int) -> dict:
+    fleet = Fleet(folder, dataset, rounds)
+    events: dict[str, float] = {}
+    try:
+        fleet.start()
+        flwr = fleet.procs.start("flwr-run", BIN / "flwr", "run", folder / "app", "local", "--stream")
+        wait_for(lambda: fleet.rounds() >= 2 or flwr.poll() is not None, 900, "round 2")
+        events["killed"] = time.time()
+        fleet.procs.kill(RESTARTED)
+        fleet.procs.kill(f"agent-{RESTARTED}")
+        time.sleep(10)
+        events["restarted"] = time.time()
+        fleet.start_board(RESTARTED)
+        wait_for(lambda: fleet.rounds() >= 4 or flwr.poll() is not None, 900, "round 4")
+        events["throttled"] = time.time()
+        fleet.limit(THROTTLED, BOARDS[THROTTLED] / 4)
+        wait_for(lambda: flwr.poll() is not None, 1800, "the end of the run")
+    finally:
+        fleet.stop()
+    return summarise(fleet.out, settle, events)
+
+
+def summarise(out: Path, settle: int, events: dict[str, float]) -> dict:
+    decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
+    counted = [d for d in decisions if d["kind"] == "outcome" and d["outcome"] == "counted"]
+    by_round: dict[int, list[float]] = {}
+    for d in counted:
+        by_round.setdefault(d["round"], []).append(abs(d["predicted_s"] / d["actual_s"] - 1))
+    later = [e for r, errors in by_round.items() if r > settle for e in errors]
+    return {
+        "jobs": len(counted),
+        "median_abs_error_after_settle": statistics.median(later) if later else None,
+        "jobs_after_settle": len(later),
+        "median_abs_error_by_round": {r: round(statistics.median(e), 3) for r, e in sorted(by_round.items())},
+        "actual_s_median": statistics.median(d["actual_s"] for d in counted) if counted else None,
+        "events": events,
+        "counted": [{k: d[k] for k in ("round", "device", "predicted_s", "actual_s", "t")} for d in counted],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--settle", type=int, default=5, help="rounds left out of the figure")
+    parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one)")
+    args = parser.parse_args()
+    if not os.access(CGROUP / "cgroup.procs", os.W_OK):
+        sys.exit(f"real_fleet: error: {CGROUP} is not writable (run as root on a cgroup v1 machine)")
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="real-fleet-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    result = run(args.rounds, args.dataset, folder, args.settle)
+    (folder / "prediction.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "counted"}, indent=1))
+    print(f"median |predicted/actual - 1| after round {args.settle}: {result['median_abs_error_after_settle']:.1%} "
+          f"over {result['jobs_after_settle']} jobs; details in {folder / 'prediction.json'}")
+
+
+if __name__ == "__main__":
+    main()
