@@ -15,12 +15,14 @@ the round trip to the gateway's broker, measured with the traffic the agent send
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
@@ -40,6 +42,7 @@ class AgentConfig:
     interval: float = 5.0
     keepalive: int = 30
     ca_file: str | None = None
+    cgroup: str | None = None  # report the load of this cgroup (probes.CgroupCpu), not the machine's
 
 
 class Agent:
@@ -156,4 +159,8 @@ def run_agent(config: AgentConfig, speed_test: str | None = None) -> None:
         sps = infer_samples_per_s(speed_test)
         log.info("speed test: onnxruntime infers %.0f %s samples/s", sps, speed_test)
         measured = {"speedtest_model": speed_test, "speedtest_infer_sps": sps}
-    Agent(config, speed_test=measured).run(stop)
+    read = probes.read_resources
+    if config.cgroup:
+        cpu = probes.CgroupCpu(Path(config.cgroup))
+        read = functools.partial(probes.read_resources, cpu.percent)
+    Agent(config, read, speed_test=measured).run(stop)

@@ -12,6 +12,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -27,14 +28,15 @@ _MODEL = Path("/proc/device-tree/model")
 _JETSON = Path("/etc/nv_tegra_release")
 
 
-def read_resources() -> dict[str, object]:
-    """The dynamic part of a heartbeat; call it once per interval."""
+def read_resources(cpu_percent: Callable[[], float] | None = None) -> dict[str, object]:
+    """The dynamic part of a heartbeat; call it once per interval. `cpu_percent`: how busy the
+    CPU the board trains on is (default: the whole machine's, from psutil)."""
     mem = psutil.virtual_memory()
     freq = _safe(psutil.cpu_freq)
     battery = _safe(psutil.sensors_battery)
     flags = throttle_flags()
     return {
-        "cpu_percent": float(psutil.cpu_percent(interval=None)),
+        "cpu_percent": float(cpu_percent() if cpu_percent else psutil.cpu_percent(interval=None)),
         "load1": float(os.getloadavg()[0]),
         "mem_available_mb": mem.available / 2**20,
         "mem_total_mb": mem.total / 2**20,
@@ -60,6 +62,37 @@ def capabilities() -> dict[str, object]:
         "torch": _version("torch"),
         "onnxruntime": _version("onnxruntime"),
     }
+
+
+class CgroupCpu:
+    """How busy a cgroup keeps the CPU it may use: the load of a board whose training runs in a
+    CPU-limited container or unit (its quota is the CPU it has, its other work competes within
+    it), rather than the whole machine's. cgroup v2: the group's folder (`cpu.stat`, `cpu.max`);
+    v1: its folder under the `cpu` controller, with the same group under `cpuacct`."""
+
+    def __init__(self, group: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        v1 = (group / "cpu.cfs_quota_us").exists()
+        if v1:
+            quota, period = (int((group / f"cpu.cfs_{k}_us").read_text()) for k in ("quota", "period"))
+            accounting = group / "cpuacct.usage"  # cpu and cpuacct mounted together
+            if not accounting.exists():
+                accounting = Path(str(group).replace("/cpu/", "/cpuacct/", 1)) / "cpuacct.usage"
+            self._usage = lambda: int(accounting.read_text()) / 1e9
+        else:
+            limit = (group / "cpu.max").read_text().split()
+            quota, period = (-1 if limit[0] == "max" else int(limit[0])), int(limit[1])
+            stat = group / "cpu.stat"
+            self._usage = lambda: next(int(line.split()[1]) for line in stat.read_text().splitlines()
+                                       if line.startswith("usage_usec ")) / 1e6
+        self.cores = quota / period if quota > 0 else float(os.cpu_count() or 1)
+        self._last = (self._clock(), self._usage())  # reads now: a group that cannot be read fails here
+
+    def percent(self) -> float:
+        """Use since the last call, as a percentage of the group's CPU."""
+        now, used = self._clock(), self._usage()
+        (then, before), self._last = self._last, (now, used)
+        return min(100.0, 100.0 * (used - before) / max(now - then, 1e-6) / self.cores)
 
 
 def board_model() -> str:

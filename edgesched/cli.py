@@ -396,6 +396,10 @@ def agent(
         "Data set (fmnist, hapt, digits) whose model to time with onnxruntime for about a second at start-up; "
         "the speed is published with the capabilities, so the gateway has an estimate for this board's first "
         "job of a run on that data set. Needs torch, onnx and onnxruntime."))] = None,
+    cgroup: Annotated[Path | None, Opt(help=(
+        "Report the CPU load of this cgroup (v2: its folder; v1: its folder under the cpu controller) as a share "
+        "of its CPU quota, not the whole machine's: for a board whose training runs in a CPU-limited container "
+        "or unit."))] = None,
 ) -> None:
     """Publish this device's resources to the gateway over MQTT until stopped.
 
@@ -417,9 +421,17 @@ def agent(
         raise ConfigError("--interval must be > 0 and --keepalive >= 1")
     if speed_test is not None and speed_test not in DATASETS:
         raise ConfigError(f"--speed-test {speed_test!r}: choose one of {', '.join(DATASETS)}")
+    if cgroup is not None:
+        from edgesched.clients.probes import CgroupCpu
+
+        try:
+            CgroupCpu(cgroup)
+        except (OSError, ValueError, IndexError, StopIteration) as exc:
+            raise ConfigError(f"--cgroup {cgroup}: not a readable cgroup ({exc})") from None
     url = BrokerURL.parse(broker, username, password)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    config = AgentConfig(url, device_id, fleet, interval, keepalive, str(ca_file) if ca_file else None)
+    config = AgentConfig(url, device_id, fleet, interval, keepalive, str(ca_file) if ca_file else None,
+                         str(cgroup) if cgroup else None)
     run_agent(config, speed_test)
 
 

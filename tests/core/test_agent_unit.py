@@ -90,3 +90,34 @@ def test_a_boards_state_never_falls_back_to_the_shared_temp_folder(tmp_path, mon
     assert state_dir() == tmp_path / ".local" / "state" / "edgesched"
     write_job_report("pi-1", 100.0, 2.0)
     assert job_report_path("pi-1").parent.stat().st_mode & 0o777 == 0o700  # the board's user's alone
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_cgroup_s_load_is_its_use_over_its_quota(tmp_path, version):
+    """A board limited to half a core that used a quarter of a core over the last 2 s is 50 % busy."""
+    from edgesched.clients.probes import CgroupCpu
+
+    if version == "v1":
+        group, accounting = tmp_path / "cpu" / "board", tmp_path / "cpuacct" / "board"
+        accounting.mkdir(parents=True)
+        group.mkdir(parents=True)
+        (group / "cpu.cfs_quota_us").write_text("50000\n")
+        (group / "cpu.cfs_period_us").write_text("100000\n")
+
+        def used(seconds):
+            (accounting / "cpuacct.usage").write_text(f"{int(seconds * 1e9)}\n")
+    else:
+        group = tmp_path / "board"
+        group.mkdir()
+        (group / "cpu.max").write_text("50000 100000\n")
+
+        def used(seconds):
+            (group / "cpu.stat").write_text(f"usage_usec {int(seconds * 1e6)}\nuser_usec 0\n")
+    now = [100.0]
+    used(10.0)
+    cpu = CgroupCpu(group, clock=lambda: now[0])
+    assert cpu.cores == 0.5
+    now[0], _ = 102.0, used(10.5)
+    assert cpu.percent() == pytest.approx(50.0)
+    now[0], _ = 104.0, used(10.5)
+    assert cpu.percent() == 0.0

@@ -4,6 +4,7 @@ install script whose dry run passes here, and a device enrolled end to end with 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,18 @@ def test_systemd_finds_no_bad_setting_in_any_unit(host, tmp_path):
     assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
 
 
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed")
+@pytest.mark.parametrize("unit", sorted(DEPLOY.rglob("*.service")), ids=lambda u: u.name)
+def test_every_unit_is_sandboxed(unit):
+    """systemd's own rating of a unit's exposure: at most 5 ("MEDIUM"); the stock rating of a unit
+    with only a user and ProtectSystem is 8.7, "EXPOSED"."""
+    done = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--threshold=50", str(unit)],  # tenths
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr
+    rating = float(re.search(r"Overall exposure level for \S+: ([\d.]+)", done.stdout).group(1))
+    assert rating <= 5.0
+
+
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed (make test installs it)")
 def test_shellcheck_is_clean_on_every_script():
     done = subprocess.run(["shellcheck", *map(str, SCRIPTS)], capture_output=True, text=True, timeout=60)
@@ -57,6 +70,22 @@ def test_the_install_scripts_dry_run_passes_here_and_says_what_it_would_do():
     jetson = subprocess.run(["bash", str(install), "--dry-run", "--board", "jetson"], capture_output=True, text=True,
                             timeout=60)
     assert jetson.returncode == 1 and "needs --torch-index" in jetson.stderr
+
+
+def test_the_gateway_install_gives_each_unprivileged_user_the_files_it_reads():
+    done = subprocess.run(["bash", str(DEPLOY / "gateway" / "install.sh"), "--dry-run", "--host", "gw.local"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout
+    assert "systemctl disable --now mosquitto.service" in said  # it would hold the broker's port
+    assert "useradd --system --home-dir /var/lib/edgesched" in said
+    assert "make-certs.sh --dir /etc/edgesched/certs gateway gw.local" in said
+    # Mosquitto reads its key and passwords as `mosquitto`; the SuperLink its key as `edgesched`.
+    for secret in ("server.key", "passwords"):
+        assert re.search(rf"install -m 0640 -o root -g mosquitto \S+ /etc/mosquitto/conf.d/edgesched/{secret}", said)
+    assert "chgrp edgesched /etc/edgesched/certs /etc/edgesched/certs/gateway.key" in said
+    assert 'root-certificates = "/etc/edgesched/certs/ca.crt"' in said  # flwr finds the SuperLink
+    assert said.index("systemctl daemon-reload") < said.index("systemctl enable --now edgesched-mosquitto.service")
 
 
 @pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Install an edgesched gateway: Debian 12, Ubuntu 22.04 or later, Raspberry Pi OS 64-bit.
+#
+#   sudo deploy/gateway/install.sh [--dry-run] [--host NAME] [--prefix /opt/edgesched]
+#
+#   --dry-run   print every command instead of running it; changes nothing (no root needed)
+#   --host      the name the boards dial, in the gateway's certificate (default: this host's
+#               name with .local, which boards resolve by mDNS; see docs/deploy.md)
+#   --prefix    where the venv goes (the units expect /opt/edgesched)
+#
+# Makes the system user `edgesched`, a venv with edgesched's server extra and CPU torch, the
+# fleet's CA and the gateway's certificate (deploy/make-certs.sh, unless they exist), the
+# broker's files readable by the unprivileged `mosquitto` user that runs it (Mosquitto drops
+# to it before reading them), the gateway's key readable by `edgesched` (the SuperLink and the
+# fleet gate), gateway.env with the gateway's broker password, and $FLWR_HOME/config.toml so
+# `flwr` finds the SuperLink. It stops the distribution's mosquitto.service (edgesched's broker
+# replaces it) and starts the broker, the SuperLink and the fleet gate. Run again, it keeps
+# the CA, certificates and passwords it finds.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+SOURCE=$(cd "$HERE/../.." && pwd)
+DRY_RUN=0
+HOST="$(hostname -s 2>/dev/null || echo gateway).local"
+PREFIX=/opt/edgesched
+TORCH_VERSION=2.13.0
+CERTS=/etc/edgesched/certs
+BROKER=/etc/mosquitto/conf.d/edgesched
+FLWR_HOME=/var/lib/edgesched/flwr
+
+die() {
+    echo "install.sh: error: $*" >&2
+    exit 1
+}
+
+run() {
+    if [[ $DRY_RUN == 1 ]]; then
+        printf '+'
+        printf ' %q' "$@"
+        printf '\n'
+    else
+        "$@"
+    fi
+}
+
+# Write stdin to a file (mode, owner); in a dry run, show it.
+write() {
+    local path=$1 mode=$2 owner=$3
+    if [[ $DRY_RUN == 1 ]]; then
+        echo "+ write $path (mode $mode, owner $owner):"
+        sed 's/^/    /'
+    else
+        install -m "$mode" -o "${owner%:*}" -g "${owner#*:}" /dev/stdin "$path"
+    fi
+}
+
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --dry-run) DRY_RUN=1 ;;
+    --host) HOST=${2:?--host needs a name}; shift ;;
+    --prefix) PREFIX=${2:?--prefix needs a folder}; shift ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+    esac
+    shift
+done
+[[ $DRY_RUN == 1 || $(id -u) == 0 ]] || die "run as root (sudo), or with --dry-run"
+
+echo "installing an edgesched gateway for boards dialling $HOST$([[ $DRY_RUN == 1 ]] && echo ' (dry run)')"
+run apt-get update -qq
+run apt-get install -y -qq mosquitto mosquitto-clients python3-venv openssl openssh-client
+run systemctl disable --now mosquitto.service   # the distribution's broker: edgesched-mosquitto takes port 8883
+id -u edgesched >/dev/null 2>&1 || run useradd --system --home-dir /var/lib/edgesched --shell /usr/sbin/nologin edgesched
+run install -d -m 0750 -o root -g edgesched /etc/edgesched /etc/edgesched/apps
+run install -d -m 0750 -o root -g root "$CERTS"
+run install -d -m 0750 -o edgesched -g edgesched /var/lib/edgesched "$FLWR_HOME"
+
+run python3 -m venv "$PREFIX/venv"
+run "$PREFIX/venv/bin/pip" install --quiet --upgrade pip
+run "$PREFIX/venv/bin/pip" install --quiet "torch==$TORCH_VERSION"
+run "$PREFIX/venv/bin/pip" install --quiet "${SOURCE}[server]"
+run install -d "$PREFIX/docs"
+run cp -r "$SOURCE/docs/." "$PREFIX/docs/"   # the units' Documentation=
+
+[[ -e $CERTS/ca.key ]] || run "$SOURCE/deploy/make-certs.sh" --dir "$CERTS" ca
+[[ -e $CERTS/gateway.crt ]] || run "$SOURCE/deploy/make-certs.sh" --dir "$CERTS" gateway "$HOST"
+run chgrp edgesched "$CERTS" "$CERTS/gateway.key"   # the SuperLink and the fleet gate serve TLS with it
+run chmod 0640 "$CERTS/gateway.key"
+
+# Mosquitto starts as the `mosquitto` user and reads its files as that user.
+run install -d -m 0750 -o root -g mosquitto "$BROKER"
+run install -m 0644 "$SOURCE/deploy/mosquitto/mosquitto.conf" "$SOURCE/deploy/mosquitto/edgesched.acl" \
+    "$CERTS/ca.crt" "$BROKER/"
+run install -m 0644 "$CERTS/gateway.crt" "$BROKER/server.crt"
+run install -m 0640 -o root -g mosquitto "$CERTS/gateway.key" "$BROKER/server.key"
+run install -m 0640 -o root -g mosquitto "$CERTS/passwords" "$BROKER/passwords"
+
+if [[ ! -e /etc/edgesched/gateway.env ]]; then
+    password="<from $CERTS/gateway.password>"
+    if [[ $DRY_RUN == 0 ]]; then password=$(cat "$CERTS/gateway.password"); fi
+    sed "s|^EDGESCHED_MQTT_PASSWORD=.*|EDGESCHED_MQTT_PASSWORD=$password|" "$HERE/gateway.env" \
+        | write /etc/edgesched/gateway.env 0600 root:root
+fi
+write "$FLWR_HOME/config.toml" 0640 edgesched:edgesched <<EOF
+[superlink]
+default = "gateway"
+
+[superlink.gateway]
+address = "127.0.0.1:9093"
+root-certificates = "$CERTS/ca.crt"
+EOF
+
+for unit in "$HERE"/*.service; do
+    run install -m 0644 "$unit" "/etc/systemd/system/$(basename "$unit")"
+done
+run systemctl daemon-reload
+run systemctl enable --now edgesched-mosquitto.service flower-superlink.service edgesched-fleet-gate.service
+echo "done: enrol boards with deploy/make-certs.sh device ID (docs/deploy.md, step 2)"
