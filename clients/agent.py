@@ -27,7 +27,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 
 from edgesched.clients import probes
-from edgesched.clients.job_report import read_job_report
+from edgesched.clients.job_report import TrainingWatch, read_job_report
 from edgesched.core.telemetry import Capabilities, Heartbeat, Status, TelemetryError, topic
 from edgesched.mqtt import BrokerURL, make_client
 
@@ -63,6 +63,8 @@ class Agent:
         self._inflight: dict[int, float] = {}
         self._rtt_ms: float | None = None
         self._stopping = False
+        self._other_work = TrainingWatch(config.device_id)  # the load a heartbeat reports: not its own jobs'
+        self._last_read = clock()
         cid = config.device_id
         self._capabilities = Capabilities(device_id=cid, **probes.capabilities(), **(speed_test or {}))
         self._status_topic = topic(config.fleet, cid, "status")
@@ -79,6 +81,7 @@ class Agent:
         self._client.connect_async(self.config.broker.host, self.config.broker.port, self.config.keepalive)
         self._client.loop_start()
         self._read_resources()  # warm-up: psutil's first cpu_percent reading is meaningless
+        self._last_read = self._clock()
         next_beat = time.monotonic()
         try:
             while not stop.wait(max(0.0, next_beat - time.monotonic())):
@@ -90,9 +93,13 @@ class Agent:
     def _beat(self) -> None:
         self.seq += 1
         try:
+            resources = self._read_resources()
+            now = self._clock()
+            resources["cpu_percent"] = self._other_work.report(self._last_read, now, float(resources["cpu_percent"]))
+            self._last_read = now
             heartbeat = Heartbeat(
-                device_id=self.config.device_id, session=self.session, seq=self.seq, sent_at=self._clock(),
-                rtt_ms=self._rtt_ms, **self._read_resources(), **read_job_report(self.config.device_id),
+                device_id=self.config.device_id, session=self.session, seq=self.seq, sent_at=now,
+                rtt_ms=self._rtt_ms, **resources, **read_job_report(self.config.device_id),
             )
         except TelemetryError as exc:  # a probe read nonsense: skip this beat, keep running
             log.warning("skipped heartbeat %d: %s", self.seq, exc)

@@ -1,8 +1,10 @@
-"""The ClientApp's last job on a board, handed to the board's agent through a small file.
+"""The ClientApp's jobs on a board, handed to the board's agent through small files.
 
 A file is the simplest hand-off that survives either process restarting: the ClientApp (a new
-process per job under a SuperNode) writes it atomically; the agent reads it before each
-heartbeat, and publishes the speed with it.
+process per job under a SuperNode) writes its last job's speed atomically, and while a job
+runs, a marker with its process's start time; the agent reads both before each heartbeat. The
+speed goes out with the heartbeat; the marker keeps the board's own training out of the CPU
+load it reports (`TrainingWatch`), which is meant to say what else competes with the next job.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import psutil
 
 
 def job_report_path(device_id: str) -> Path:
@@ -39,6 +45,59 @@ def write_job_report(device_id: str, samples_per_s: float, job_s: float) -> None
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def training_path(device_id: str) -> Path:
+    return state_dir() / f"{device_id}.training"
+
+
+@contextmanager
+def training(device_id: str) -> Iterator[None]:
+    """Mark a job as running on this board for as long as the block runs (the marker holds the
+    job process's start time: its imports load the CPU before training does)."""
+    path = training_path(device_id)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.write_text(str(psutil.Process().create_time()))
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+class TrainingWatch:
+    """The CPU load of the board's other work: readings over intervals in which no job ran.
+
+    `report(start, end, load)` takes a reading over [start, end] (Unix seconds) and returns the
+    load to publish: the reading itself if no job overlapped the interval, else the newest
+    reading before the job's process started (a job's own load is not competition for the next).
+    """
+
+    def __init__(self, device_id: str, keep: int = 30) -> None:
+        self._device_id = device_id
+        self._clean: list[tuple[float, float]] = []  # (end, load) of intervals without a job, oldest first
+        self._keep = keep
+
+    def report(self, start: float, end: float, load: float) -> float:
+        began = self._job_began()
+        ended = self._job_ended()
+        if began is not None:  # a job runs: its process's start taints the readings since
+            self._clean = [(t, v) for t, v in self._clean if t < began]
+        if began is None and not (ended is not None and ended > start):
+            self._clean = [*self._clean[-self._keep + 1:], (end, load)]
+            return load
+        return self._clean[-1][1] if self._clean else load
+
+    def _job_began(self) -> float | None:
+        try:
+            return float(training_path(self._device_id).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _job_ended(self) -> float | None:
+        try:
+            return job_report_path(self._device_id).stat().st_mtime
+        except OSError:
+            return None
 
 
 def read_job_report(device_id: str) -> dict[str, float]:

@@ -121,3 +121,26 @@ def test_a_cgroup_s_load_is_its_use_over_its_quota(tmp_path, version):
     assert cpu.percent() == pytest.approx(50.0)
     now[0], _ = 104.0, used(10.5)
     assert cpu.percent() == 0.0
+
+
+def test_the_load_a_board_reports_leaves_out_its_own_training(tmp_path, monkeypatch):
+    """Heartbeats say what else competes with the next job: a job's process (from its start,
+    imports included) to the interval in which it ended is held out, and the last reading
+    without it is repeated meanwhile."""
+    import os
+
+    from edgesched.clients.job_report import TrainingWatch, job_report_path, training_path, write_job_report
+
+    monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
+    watch = TrainingWatch("pi-1")
+    assert watch.report(0.0, 1.0, 10.0) == 10.0  # idle board, 10 % other work
+    assert watch.report(1.0, 2.0, 12.0) == 12.0
+    training_path("pi-1").parent.mkdir(parents=True, exist_ok=True)
+    training_path("pi-1").write_text("1.5")  # a job process started at 1.5: the 1-2 reading had its imports
+    assert watch.report(2.0, 3.0, 100.0) == 10.0
+    assert watch.report(3.0, 4.0, 100.0) == 10.0
+    training_path("pi-1").unlink()
+    write_job_report("pi-1", 500.0, 3.0)
+    os.utime(job_report_path("pi-1"), (4.5, 4.5))  # it ended within the next interval
+    assert watch.report(4.0, 5.0, 60.0) == 10.0
+    assert watch.report(5.0, 6.0, 15.0) == 15.0  # idle again: the reading itself
