@@ -11,7 +11,6 @@ without loading torch (a deployed SuperNode starts a fresh process for every mes
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import zipfile
@@ -25,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from edgesched import local_data, partition
-from edgesched.clients.job_report import state_dir, training, write_job_report
+from edgesched.clients.job_report import mark_training, state_dir, write_job_report
 from edgesched.files import atomic_write
 from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
 
@@ -52,21 +51,22 @@ def identify(msg: Message, context: Context) -> Message:
 @app.train()
 def train_job(msg: Message, context: Context) -> Message:
     board = "device-id" in context.node_config  # a real board, with an agent beside it
-    with training(_device_id(context)) if board else contextlib.nullcontext():
-        task, job, model, x, y = _prepare(msg, context)
-        report = task.train(
-            model,
-            x,
-            y,
-            epochs=int(job["local-epochs"]),
-            batch_size=int(job["batch-size"]),
-            lr=float(job["lr"]),
-            seed=job_seed(int(job["seed"]), int(job["server-round"]), int(job["partition-id"])),
-            max_steps=int(job["max-steps"]) if "max-steps" in job else None,
-            proximal_mu=float(job.get("proximal-mu", 0.0)),
-        )
-        if board:  # hand the speed to its agent
-            write_job_report(_device_id(context), report.samples_per_second, report.seconds)
+    if board:
+        mark_training(_device_id(context))
+    task, job, model, x, y = _prepare(msg, context)
+    report = task.train(
+        model,
+        x,
+        y,
+        epochs=int(job["local-epochs"]),
+        batch_size=int(job["batch-size"]),
+        lr=float(job["lr"]),
+        seed=job_seed(int(job["seed"]), int(job["server-round"]), int(job["partition-id"])),
+        max_steps=int(job["max-steps"]) if "max-steps" in job else None,
+        proximal_mu=float(job.get("proximal-mu", 0.0)),
+    )
+    if board:  # hand the speed to its agent
+        write_job_report(_device_id(context), report.samples_per_second, report.seconds)
     metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), **report.as_metrics()}
     return _reply(msg, context, ArrayRecord(model.state_dict()), metrics)
 

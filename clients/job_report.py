@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -51,53 +49,52 @@ def training_path(device_id: str) -> Path:
     return state_dir() / f"{device_id}.training"
 
 
-@contextmanager
-def training(device_id: str) -> Iterator[None]:
-    """Mark a job as running on this board for as long as the block runs (the marker holds the
-    job process's start time: its imports load the CPU before training does)."""
+def mark_training(device_id: str) -> None:
+    """Say that this process runs a job on the board, from its start (its imports load the CPU
+    before training does) until it has exited: the agent checks that it still lives."""
+    me = psutil.Process()
     path = training_path(device_id)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.write_text(str(psutil.Process().create_time()))
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
+    path.write_text(json.dumps({"pid": me.pid, "started": me.create_time()}))
 
 
 class TrainingWatch:
     """The CPU load of the board's other work: readings over intervals in which no job ran.
 
     `report(start, end, load)` takes a reading over [start, end] (Unix seconds) and returns the
-    load to publish: the reading itself if no job overlapped the interval, else the newest
-    reading before the job's process started (a job's own load is not competition for the next).
+    load to publish: the reading itself if no job's process lived during the interval, else the
+    newest reading from before that process started (a job's own load, its start and its exit
+    included, is not competition for the next job).
     """
 
     def __init__(self, device_id: str, keep: int = 30) -> None:
         self._device_id = device_id
         self._clean: list[tuple[float, float]] = []  # (end, load) of intervals without a job, oldest first
         self._keep = keep
+        self._was_running = False
 
     def report(self, start: float, end: float, load: float) -> float:
-        began = self._job_began()
-        ended = self._job_ended()
-        if began is not None:  # a job runs: its process's start taints the readings since
+        began = self._running_since()
+        if began is not None:  # readings since its process started had its load in them
             self._clean = [(t, v) for t, v in self._clean if t < began]
-        if began is None and not (ended is not None and ended > start):
+        tainted = began is not None or self._was_running  # running now, or ended during the interval
+        self._was_running = began is not None
+        if not tainted:
             self._clean = [*self._clean[-self._keep + 1:], (end, load)]
             return load
         return self._clean[-1][1] if self._clean else load
 
-    def _job_began(self) -> float | None:
+    def _running_since(self) -> float | None:
+        """When the running job's process started, or None if no job's process lives."""
         try:
-            return float(training_path(self._device_id).read_text())
-        except (OSError, ValueError):
-            return None
-
-    def _job_ended(self) -> float | None:
-        try:
-            return job_report_path(self._device_id).stat().st_mtime
-        except OSError:
-            return None
+            marker = json.loads(training_path(self._device_id).read_text())
+            process = psutil.Process(int(marker["pid"]))
+            started = float(marker["started"])
+            if abs(process.create_time() - started) < 0.5 and process.status() != psutil.STATUS_ZOMBIE:
+                return started
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+            pass
+        return None
 
 
 def read_job_report(device_id: str) -> dict[str, float]:

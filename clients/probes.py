@@ -72,21 +72,28 @@ class CgroupCpu:
 
     def __init__(self, group: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        v1 = (group / "cpu.cfs_quota_us").exists()
-        if v1:
-            quota, period = (int((group / f"cpu.cfs_{k}_us").read_text()) for k in ("quota", "period"))
+        self._group = group
+        if (group / "cpu.cfs_quota_us").exists():  # v1
             accounting = group / "cpuacct.usage"  # cpu and cpuacct mounted together
             if not accounting.exists():
                 accounting = Path(str(group).replace("/cpu/", "/cpuacct/", 1)) / "cpuacct.usage"
             self._usage = lambda: int(accounting.read_text()) / 1e9
         else:
-            limit = (group / "cpu.max").read_text().split()
-            quota, period = (-1 if limit[0] == "max" else int(limit[0])), int(limit[1])
             stat = group / "cpu.stat"
             self._usage = lambda: next(int(line.split()[1]) for line in stat.read_text().splitlines()
                                        if line.startswith("usage_usec ")) / 1e6
-        self.cores = quota / period if quota > 0 else float(os.cpu_count() or 1)
         self._last = (self._clock(), self._usage())  # reads now: a group that cannot be read fails here
+        self.cores  # noqa: B018 - and its quota
+
+    @property
+    def cores(self) -> float:
+        """The CPU the group may use, in cores (read each time: a quota can change)."""
+        if (self._group / "cpu.cfs_quota_us").exists():
+            quota, period = (int((self._group / f"cpu.cfs_{k}_us").read_text()) for k in ("quota", "period"))
+        else:
+            limit = (self._group / "cpu.max").read_text().split()
+            quota, period = (-1 if limit[0] == "max" else int(limit[0])), int(limit[1])
+        return quota / period if quota > 0 else float(os.cpu_count() or 1)
 
     def percent(self) -> float:
         """Use since the last call, as a percentage of the group's CPU."""

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from edgesched.broker import free_port
@@ -124,23 +125,26 @@ def test_a_cgroup_s_load_is_its_use_over_its_quota(tmp_path, version):
 
 
 def test_the_load_a_board_reports_leaves_out_its_own_training(tmp_path, monkeypatch):
-    """Heartbeats say what else competes with the next job: a job's process (from its start,
-    imports included) to the interval in which it ended is held out, and the last reading
+    """Heartbeats say what else competes with the next job: a job's process, from its start
+    (imports included) to the interval in which it exited, is held out, and the last reading
     without it is repeated meanwhile."""
-    import os
+    import json
 
-    from edgesched.clients.job_report import TrainingWatch, job_report_path, training_path, write_job_report
+    from edgesched.clients.job_report import TrainingWatch, training_path
 
     monkeypatch.setenv("EDGESCHED_STATE_DIR", str(tmp_path))
-    watch = TrainingWatch("pi-1")
-    assert watch.report(0.0, 1.0, 10.0) == 10.0  # idle board, 10 % other work
-    assert watch.report(1.0, 2.0, 12.0) == 12.0
-    training_path("pi-1").parent.mkdir(parents=True, exist_ok=True)
-    training_path("pi-1").write_text("1.5")  # a job process started at 1.5: the 1-2 reading had its imports
-    assert watch.report(2.0, 3.0, 100.0) == 10.0
-    assert watch.report(3.0, 4.0, 100.0) == 10.0
-    training_path("pi-1").unlink()
-    write_job_report("pi-1", 500.0, 3.0)
-    os.utime(job_report_path("pi-1"), (4.5, 4.5))  # it ended within the next interval
-    assert watch.report(4.0, 5.0, 60.0) == 10.0
-    assert watch.report(5.0, 6.0, 15.0) == 15.0  # idle again: the reading itself
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started = psutil.Process(job.pid).create_time()
+    try:
+        watch = TrainingWatch("pi-1")
+        assert watch.report(started - 3, started - 2, 10.0) == 10.0  # idle board, 10 % other work
+        assert watch.report(started - 2, started + 0.5, 12.0) == 12.0  # the job's process starts in it
+        training_path("pi-1").parent.mkdir(parents=True)
+        training_path("pi-1").write_text(json.dumps({"pid": job.pid, "started": started}))
+        assert watch.report(started + 0.5, started + 1, 100.0) == 10.0  # 12 % had the job's imports
+        assert watch.report(started + 1, started + 2, 100.0) == 10.0
+    finally:
+        job.kill()
+        job.wait()
+    assert watch.report(started + 2, started + 3, 90.0) == 10.0  # it exited in this interval
+    assert watch.report(started + 3, started + 4, 15.0) == 15.0  # idle again: the reading itself
