@@ -2,11 +2,16 @@
 # Install an edgesched gateway: Debian 12, Ubuntu 22.04 or later, Raspberry Pi OS 64-bit.
 #
 #   sudo deploy/gateway/install.sh [--dry-run] [--host NAME] [--prefix /opt/edgesched]
+#   sudo deploy/gateway/install.sh --broker-files      after enrolling a board
 #
-#   --dry-run   print every command instead of running it; changes nothing (no root needed)
-#   --host      the name the boards dial, in the gateway's certificate (default: this host's
-#               name with .local, which boards resolve by mDNS; see docs/deploy.md)
-#   --prefix    where the venv goes (the units expect /opt/edgesched)
+#   --dry-run       print every command instead of running it; changes nothing (no root needed)
+#   --host          the name the boards dial, in the gateway's certificate (default: this host's
+#                   name with .local, which boards resolve by mDNS; see docs/deploy.md)
+#   --prefix        where the venv goes (the units expect /opt/edgesched)
+#   --broker-files  only put the broker's files in place (the password file changes with each
+#                   enrolled board) and reload the broker if it runs
+#   --certs DIR, --broker-dir DIR   where make-certs.sh keeps the fleet's keys and where the
+#                   broker reads its files (defaults /etc/edgesched/certs, /etc/mosquitto/conf.d/edgesched)
 #
 # Makes the system user `edgesched`, a venv with edgesched's server extra and CPU torch, the
 # fleet's CA and the gateway's certificate (deploy/make-certs.sh, unless they exist), the
@@ -21,6 +26,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 SOURCE=$(cd "$HERE/../.." && pwd)
 DRY_RUN=0
+BROKER_ONLY=0
 HOST="$(hostname -s 2>/dev/null || echo gateway).local"
 PREFIX=/opt/edgesched
 TORCH_VERSION=2.13.0
@@ -59,12 +65,33 @@ while [[ $# -gt 0 ]]; do
     --dry-run) DRY_RUN=1 ;;
     --host) HOST=${2:?--host needs a name}; shift ;;
     --prefix) PREFIX=${2:?--prefix needs a folder}; shift ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --broker-files) BROKER_ONLY=1 ;;
+    --certs) CERTS=${2:?--certs needs a folder}; shift ;;
+    --broker-dir) BROKER=${2:?--broker-dir needs a folder}; shift ;;
+    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
     esac
     shift
 done
 [[ $DRY_RUN == 1 || $(id -u) == 0 ]] || die "run as root (sudo), or with --dry-run"
+
+# Mosquitto starts as the `mosquitto` user and reads its files as that user.
+broker_files() {
+    run install -d -m 0750 -o root -g mosquitto "$BROKER"
+    run install -m 0644 "$SOURCE/deploy/mosquitto/mosquitto.conf" "$SOURCE/deploy/mosquitto/edgesched.acl" \
+        "$CERTS/ca.crt" "$BROKER/"
+    run install -m 0644 "$CERTS/gateway.crt" "$BROKER/server.crt"
+    run install -m 0640 -o root -g mosquitto "$CERTS/gateway.key" "$BROKER/server.key"
+    run install -m 0640 -o root -g mosquitto "$CERTS/passwords" "$BROKER/passwords"
+}
+
+if [[ $BROKER_ONLY == 1 ]]; then
+    broker_files
+    if systemctl is-active --quiet edgesched-mosquitto.service 2>/dev/null; then
+        run systemctl reload edgesched-mosquitto.service
+    fi
+    exit 0
+fi
 
 echo "installing an edgesched gateway for boards dialling $HOST$([[ $DRY_RUN == 1 ]] && echo ' (dry run)')"
 run apt-get update -qq
@@ -87,13 +114,7 @@ run cp -r "$SOURCE/docs/." "$PREFIX/docs/"   # the units' Documentation=
 run chgrp edgesched "$CERTS" "$CERTS/gateway.key"   # the SuperLink and the fleet gate serve TLS with it
 run chmod 0640 "$CERTS/gateway.key"
 
-# Mosquitto starts as the `mosquitto` user and reads its files as that user.
-run install -d -m 0750 -o root -g mosquitto "$BROKER"
-run install -m 0644 "$SOURCE/deploy/mosquitto/mosquitto.conf" "$SOURCE/deploy/mosquitto/edgesched.acl" \
-    "$CERTS/ca.crt" "$BROKER/"
-run install -m 0644 "$CERTS/gateway.crt" "$BROKER/server.crt"
-run install -m 0640 -o root -g mosquitto "$CERTS/gateway.key" "$BROKER/server.key"
-run install -m 0640 -o root -g mosquitto "$CERTS/passwords" "$BROKER/passwords"
+broker_files
 
 if [[ ! -e /etc/edgesched/gateway.env ]]; then
     password="<from $CERTS/gateway.password>"

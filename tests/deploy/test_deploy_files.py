@@ -8,18 +8,21 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
+from edgesched.broker import free_port
 from edgesched.core.registry import DeviceRegistry, RegistryConfig
 from edgesched.mqtt import BrokerURL, RegistryListener
 
 from ..mqtt.brokers import DEPLOY as MOSQUITTO_CONF
-from ..mqtt.brokers import MOSQUITTO, Mosquitto
+from ..mqtt.brokers import MOSQUITTO, Mosquitto, wait_for_port
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SCRIPTS = sorted(DEPLOY.rglob("*.sh"))
@@ -136,3 +139,81 @@ def test_make_certs_enrols_a_device_that_the_shipped_broker_then_admits(tmp_path
         agent.kill()
         agent.wait(timeout=10)
         broker.stop()
+
+
+@pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="Mosquitto drops to its own user only when started as root")
+def test_mosquitto_as_its_own_user_reads_the_files_the_gateway_install_puts_in_place():
+    """As the unit runs it: started as root, Mosquitto switches to the `mosquitto` user before it
+    reads its key and password file. With the modes the install gives them it serves an enrolled
+    board; with the root-only modes a plain copy gives, it cannot start."""
+    import grp
+    import pwd
+
+    pwd.getpwnam("mosquitto")  # the Debian package's user
+    root = Path(tempfile.mkdtemp(prefix="edgesched-gateway-", dir="/tmp"))
+    root.chmod(0o755)  # the test's own temp folder would be closed to the mosquitto user
+    certs, broker_dir = root / "certs", root / "broker"
+    try:
+        for args in (["ca"], ["gateway", "localhost"], ["device", "pi-07"]):
+            subprocess.run(["bash", str(DEPLOY / "make-certs.sh"), "--dir", str(certs), *args], check=True,
+                           capture_output=True, timeout=60)
+        done = subprocess.run(["bash", str(DEPLOY / "gateway" / "install.sh"), "--broker-files", "--certs", str(certs),
+                               "--broker-dir", str(broker_dir)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert grp.getgrgid((broker_dir / "server.key").stat().st_gid).gr_name == "mosquitto"
+        port = free_port()
+        conf = (broker_dir / "mosquitto.conf").read_text().replace("/etc/mosquitto/conf.d/edgesched/", f"{broker_dir}/")
+        conf = "\n".join(line for line in conf.splitlines() if not line.startswith(("listener ", "persistence")))
+        (root / "mosquitto.conf").write_text(f"listener {port} 127.0.0.1\npersistence false\n{conf}\n")
+
+        def start() -> subprocess.Popen:
+            return subprocess.Popen([MOSQUITTO, "-c", str(root / "mosquitto.conf")], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+
+        broker = start()
+        try:
+            wait_for_port(port)
+            users = {p.username() for p in psutil.Process(broker.pid).children(recursive=False)} | {
+                psutil.Process(broker.pid).username()}
+            assert users == {"mosquitto"}  # it dropped root before serving
+            env = dict(line.split("=", 1) for line in (certs / "devices" / "pi-07" / "device.env").read_text().split())
+            agent = subprocess.run(
+                [sys.executable, "-c", AGENT_ONCE, str(port), str(certs / "ca.crt"), env["EDGESCHED_MQTT_PASSWORD"]],
+                capture_output=True, text=True, timeout=60)
+            assert agent.returncode == 0, agent.stdout + agent.stderr
+        finally:
+            broker.terminate()
+            broker.wait(timeout=10)
+        (broker_dir / "passwords").chmod(0o600)  # what `cp` as root leaves: readable by root alone
+        os.chown(broker_dir / "passwords", 0, 0)
+        refused = start()
+        try:
+            out, _ = refused.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            refused.kill()
+            raise AssertionError("Mosquitto started with a password file it cannot read") from None
+        assert refused.returncode != 0 and "passwords" in out, out
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# A board's broker login over TLS, as its agent makes it: connect, publish once, exit 0.
+AGENT_ONCE = """
+import sys, time
+import paho.mqtt.client as mqtt
+port, ca, password = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="pi-07")
+c.username_pw_set("pi-07", password)
+c.tls_set(ca_certs=ca)
+connected = []
+c.on_connect = lambda cl, u, f, reason, p: connected.append(not reason.is_failure)
+c.connect("localhost", port)
+c.loop_start()
+deadline = time.monotonic() + 20
+while not connected and time.monotonic() < deadline:
+    time.sleep(0.05)
+assert connected == [True], connected
+c.publish("edgesched/default/pi-07/heartbeat", b"{}", qos=1).wait_for_publish(10)
+c.disconnect()
+"""
