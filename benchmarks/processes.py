@@ -1,5 +1,6 @@
-"""Started processes by name, each logging to its own file, and waiting for a condition: what a
-federation of real processes on loopback is made of (benchmarks.real_fleet, tests/deploy)."""
+"""Started processes by name, each logging to its own file, waiting for a condition, and the
+Flower app a run is submitted as: what a federation of real processes on loopback is made of
+(benchmarks.real_fleet, tests/deploy)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,31 @@ class Processes:
 
     def log(self, name: str) -> str:
         return (self.folder / f"{name}.log").read_text(errors="replace")
+
+
+def flower_app(name: str, description: str) -> str:
+    """A Flower app's pyproject.toml that runs edgesched's ServerApp and ClientApp, ending with its
+    `[tool.flwr.app.config]` header: the run's settings follow, one `key = value` per line."""
+    return f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{name}"
+version = "1.0.0"
+description = "{description}"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "edgesched"
+
+[tool.flwr.app.components]
+serverapp = "edgesched.server.app:app"
+clientapp = "edgesched.clients.app:app"
+
+[tool.flwr.app.config]
+"""
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:

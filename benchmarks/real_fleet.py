@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.processes import Processes, wait_for
+from benchmarks.processes import Processes, flower_app, wait_for
 from edgesched.broker import free_port
 
 BIN = Path(sys.executable).parent
@@ -39,25 +39,7 @@ PERIOD_US = 100_000
 # machine that asked for more would slow each other down, which real boards do not.
 BOARDS = {"pi-fast": 0.5, "pi-mid": 0.35, "pi-slow": 0.2, "pi-restart": 0.25}
 THROTTLED, RESTARTED = "pi-mid", "pi-restart"
-APP = """[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "edgesched-real-fleet"
-version = "1.0.0"
-license = "Apache-2.0"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "edgesched"
-
-[tool.flwr.app.components]
-serverapp = "edgesched.server.app:app"
-clientapp = "edgesched.clients.app:app"
-
-[tool.flwr.app.config]
-dataset = "{dataset}"
+APP = flower_app("edgesched-real-fleet", "job-time prediction on a loopback fleet") + """dataset = "{dataset}"
 strategy = "edgesched"
 clients = {clients}
 rounds = {rounds}

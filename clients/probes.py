@@ -73,7 +73,8 @@ class CgroupCpu:
     def __init__(self, group: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._group = group
-        if (group / "cpu.cfs_quota_us").exists():  # v1
+        self._v1 = (group / "cpu.cfs_quota_us").exists()
+        if self._v1:
             accounting = group / "cpuacct.usage"  # cpu and cpuacct mounted together
             if not accounting.exists():
                 accounting = Path(str(group).replace("/cpu/", "/cpuacct/", 1)) / "cpuacct.usage"
@@ -83,12 +84,11 @@ class CgroupCpu:
             self._usage = lambda: next(int(line.split()[1]) for line in stat.read_text().splitlines()
                                        if line.startswith("usage_usec ")) / 1e6
         self._last = (self._clock(), self._usage())  # reads now: a group that cannot be read fails here
-        self.cores  # noqa: B018 - and its quota
+        self.cores()  # and so does one whose quota cannot
 
-    @property
     def cores(self) -> float:
         """The CPU the group may use, in cores (read each time: a quota can change)."""
-        if (self._group / "cpu.cfs_quota_us").exists():
+        if self._v1:
             quota, period = (int((self._group / f"cpu.cfs_{k}_us").read_text()) for k in ("quota", "period"))
         else:
             limit = (self._group / "cpu.max").read_text().split()
@@ -99,7 +99,7 @@ class CgroupCpu:
         """Use since the last call, as a percentage of the group's CPU."""
         now, used = self._clock(), self._usage()
         (then, before), self._last = self._last, (now, used)
-        return min(100.0, 100.0 * (used - before) / max(now - then, 1e-6) / self.cores)
+        return min(100.0, 100.0 * (used - before) / max(now - then, 1e-6) / self.cores())
 
 
 def board_model() -> str:

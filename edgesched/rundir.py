@@ -71,8 +71,7 @@ class RunRecorder:
         if self._onnx:
             from edgesched.export import to_onnx
 
-            onnx = to_onnx(self._onnx, model)
-            atomic_write(self.out_dir / "onnx" / f"round-{record.round:04d}.onnx", onnx)
+            atomic_write(self.out_dir / "onnx" / f"round-{record.round:04d}.onnx", to_onnx(self._onnx, model))
         self.rounds.append(record)
         self._round_csv.write(record)
         for job in jobs:

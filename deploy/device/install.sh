@@ -28,20 +28,8 @@ TORCH_INDEX=""
 PREFIX=/opt/edgesched
 TORCH_VERSION=2.13.0
 
-die() {
-    echo "install.sh: error: $*" >&2
-    exit 1
-}
-
-run() {
-    if [[ $DRY_RUN == 1 ]]; then
-        printf '+'
-        printf ' %q' "$@"
-        printf '\n'
-    else
-        "$@"
-    fi
-}
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$HERE/../lib.sh"
 
 detect_board() {
     if [[ -e /etc/nv_tegra_release ]]; then

@@ -34,20 +34,8 @@ CERTS=/etc/edgesched/certs
 BROKER=/etc/mosquitto/conf.d/edgesched
 FLWR_HOME=/var/lib/edgesched/flwr
 
-die() {
-    echo "install.sh: error: $*" >&2
-    exit 1
-}
-
-run() {
-    if [[ $DRY_RUN == 1 ]]; then
-        printf '+'
-        printf ' %q' "$@"
-        printf '\n'
-    else
-        "$@"
-    fi
-}
+# shellcheck source=SCRIPTDIR/../lib.sh
+source "$HERE/../lib.sh"
 
 # Write stdin to a file (mode, owner); in a dry run, show it.
 write() {

@@ -117,7 +117,7 @@ def test_a_cgroup_s_load_is_its_use_over_its_quota(tmp_path, version):
     now = [100.0]
     used(10.0)
     cpu = CgroupCpu(group, clock=lambda: now[0])
-    assert cpu.cores == 0.5
+    assert cpu.cores() == 0.5
     now[0], _ = 102.0, used(10.5)
     assert cpu.percent() == pytest.approx(50.0)
     now[0], _ = 104.0, used(10.5)

@@ -29,7 +29,7 @@ import numpy as np
 import psutil
 import pytest
 
-from benchmarks.processes import Processes
+from benchmarks.processes import Processes, flower_app
 from benchmarks.processes import wait_for as _wait
 from edgesched.broker import free_port
 
@@ -43,26 +43,7 @@ WINE = Path(__file__).resolve().parents[2] / "examples" / "wine"
 # while it lived, and its job dropped before the kill this test makes; a dead board's Last Will
 # comes within a second whatever the interval.
 HEARTBEAT_S = 1.0
-APP = f"""[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "edgesched-e2e"
-version = "1.0.0"
-description = "edgesched on a loopback federation"
-license = "Apache-2.0"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "edgesched"
-
-[tool.flwr.app.components]
-serverapp = "edgesched.server.app:app"
-clientapp = "edgesched.clients.app:app"
-
-[tool.flwr.app.config]
-strategy = "edgesched"
+APP = flower_app("edgesched-e2e", "edgesched on a loopback federation") + f"""strategy = "edgesched"
 rounds = 3
 min-deadline = 30.0
 round-timeout = 120.0
