@@ -40,7 +40,7 @@ from pathlib import Path
 from statistics import mean, pstdev
 from typing import Any
 
-from edgesched.config import ENGINES, STRATEGIES
+from edgesched.config import BASELINES, ENGINES, STRATEGIES
 
 CONTENDERS = STRATEGIES
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -96,27 +96,25 @@ def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: s
 
 
 def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any], out: Path) -> dict[str, Any]:
-    """One run's figures, with its virtual time to each of the table's targets (from rounds.csv)."""
+    """One run's figures: its virtual time to each of the table's targets and its accuracy curve
+    (from rounds.csv), the jobs it sent and lost, and its prediction error."""
     keys = ("final_accuracy", "best_accuracy", "virtual_seconds", "device_seconds", "bytes_up", "bytes_down",
             "rounds", "seconds", "target_accuracy", "clients_trained", "time_budget_s")
     with (out / "rounds.csv").open() as f:
-        curve = [(float(r["virtual_seconds"]), float(r["accuracy"])) for r in csv.DictReader(f)]
+        rounds = list(csv.DictReader(f))
+    curve = [(float(r["virtual_seconds"]), float(r["accuracy"])) for r in rounds]
     reached = {_key(t): next((vs for vs, acc in curve if acc >= t), None) for t in targets(s["target_accuracy"])}
+    error = (s.get("prediction_error") or {}).get("median_abs_pct")
     return {"fleet": fleet, "dropout": dropout, "strategy": strategy, "seed": seed, "reached": reached,
-            "curve": curve, **{k: s.get(k) for k in keys}}
+            "curve": curve, "sent": sum(int(r.get("selected") or 0) for r in rounds),
+            "lost": sum(int(r.get("failed") or 0) for r in rounds), "prediction_error_pct": error,
+            **{k: s.get(k) for k in keys}}
 
 
 def accuracy_at(curve: list[tuple[float, float]], virtual_s: float) -> float | None:
-    """The global model's test accuracy at a virtual moment: its last round finished by then."""
+    """The global model's test accuracy at a virtual moment: its last step finished by then."""
     done = [acc for vs, acc in curve if vs <= virtual_s]
     return done[-1] if done else None
-
-
-def _first_end(group: list[dict[str, Any]], seed: int) -> float:
-    """The moment all contenders on this seed are compared at: when the first of them finished its
-    rounds, or the time budget they all ran for, if that came first."""
-    runs = [r for r in group if r["seed"] == seed]
-    return min([r["virtual_seconds"] for r in runs] + [r["time_budget_s"] for r in runs if r.get("time_budget_s")])
 
 
 def targets(fleet_target: float) -> tuple[float, float]:
@@ -133,8 +131,8 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: one table per (fleet, dropout), one line per contender, both targets side by side."""
-    out = []
+    """Markdown: per (fleet, dropout) one table, a line per contender; then the goals, cell by cell."""
+    out, goals = [], []
     for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
         everything = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
         commits = sorted({r.get("commit", "unknown") for r in everything})
@@ -144,32 +142,87 @@ def table(rows: list[dict[str, Any]]) -> str:
                     f"No seed was run by every contender ({left_out}): nothing to compare.", ""]
             continue
         seeds = sorted({r["seed"] for r in group})
-        goals = targets(group[0]["target_accuracy"])
-        head = " | ".join(f"virtual s to {t:.0%} | reached | speed-up over fedavg | time vs oracle" for t in goals)
-        ends = [_first_end(group, seed) for seed in seeds]
+        goal_targets = targets(group[0]["target_accuracy"])
+        budget = group[0].get("time_budget_s")
+        head = " | ".join(f"to {t:.0%}, virtual s | reached | best other ÷ it" for t in goal_targets)
+        at = " | ".join(f"at {f'{share:.0%} of ' if share < 1 else ''}the budget" for share in POINTS)
         out += [f"### {fleet}, {dropout:.0%} dropout ({len(seeds)} seed{'s' * (len(seeds) > 1)}: "
-                f"{', '.join(map(str, seeds))})", "", f"Commit: {', '.join(commits)}.", "",
-                f"Equal time: the accuracy each contender had when the first run of the seed ended, or at the "
-                f"time budget ({', '.join(f'{e:,.0f}' for e in ends)} virtual s).", "",
+                f"{', '.join(map(str, seeds))})", "",
+                f"Commit: {', '.join(commits)}. Time budget: "
+                f"{f'{budget:,.0f} virtual s' if budget else 'none (each ran its rounds)'}.", "",
                 *([f"Left out, so that every mean is over the same seeds: {left_out}.", ""] if left_out else []),
-                f"| contender | {head} | final accuracy | accuracy at equal time | clients trained | device-s "
-                f"| GB moved | rounds | real s |",
-                "|---" * 16 + "|"]
+                f"| contender | {head} | {at} | jobs lost | prediction error | steps | device-s | GB moved | real s |",
+                "|---" * 17 + "|"]
         for strategy in CONTENDERS:
             runs = [r for r in group if r["strategy"] == strategy]
             if not runs:
                 continue
-            cells = " | ".join(_reach_cells(group, runs, strategy, _key(t)) for t in goals)
-            acc = _spread([100 * r["final_accuracy"] for r in runs], ".2f")
+            cells = " | ".join(_reach_cells(group, runs, strategy, _key(t)) for t in goal_targets)
+            points = " | ".join(_accuracy_cell(runs, share) for share in POINTS)
+            lost = sum(r.get("lost") or 0 for r in runs) / max(1, sum(r.get("sent") or 0 for r in runs))
+            errors = [r["prediction_error_pct"] for r in runs if r.get("prediction_error_pct") is not None]
+            error = f"{mean(errors):.1f} %" if errors else "—"
             gb = mean((r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in runs) / 1e9
-            at_end = [accuracy_at(r["curve"], _first_end(group, r["seed"])) for r in runs]
-            equal = _spread([100 * a for a in at_end], ".2f") + " %" if None not in at_end else "—"
-            trained = mean(r["clients_trained"] for r in runs)
-            out.append(f"| {strategy} | {cells} | {acc} % | {equal} | {trained:.0f} "
-                       f"| {mean(r['device_seconds'] for r in runs):,.0f} | {gb:.2f} "
-                       f"| {mean(r['rounds'] for r in runs):.0f} | {mean(r['seconds'] for r in runs):.0f} |")
+            steps, device_s = mean(r["rounds"] for r in runs), mean(r["device_seconds"] for r in runs)
+            out.append(f"| {strategy} | {cells} | {points} | {lost:.1%} | {error} | {steps:.0f} | {device_s:,.0f} "
+                       f"| {gb:.2f} | {mean(r['seconds'] for r in runs):.0f} |")
         out.append("")
+        if any(r["strategy"] == "edgesched" for r in group) and any(r["strategy"] in OTHERS for r in group):
+            goals.append(_goal_line(fleet, dropout, group, goal_targets))
+    if goals:
+        out += ["### Goals, cell by cell: edgesched against the best other contender", "",
+                f"Other contenders: {', '.join(OTHERS)}. A time is a mean over the cell's seeds, formed only "
+                "when every seed reached the target; ratios above 1 mean edgesched is faster.", "",
+                "| cell | to 80 % | to the target | target reached on every seed any contender did "
+                "| at the budget, against the best other | against fedavg |", "|---" * 6 + "|", *goals, ""]
     return "\n".join(out)
+
+
+POINTS = (0.25, 0.5, 1.0)  # shares of the time budget at which the table reads each run's accuracy
+OTHERS = BASELINES  # what edgesched is measured against in the goals
+
+
+def _accuracy_cell(runs: list[dict[str, Any]], share: float) -> str:
+    """Mean ± sd test accuracy at `share` of the time budget (— without a budget, or before a first step)."""
+    values = [accuracy_at(r["curve"], share * r["time_budget_s"]) if r.get("time_budget_s") else None for r in runs]
+    return "—" if None in values else _spread([100 * v for v in values if v is not None], ".2f") + " %"
+
+
+def _goal_line(fleet: str, dropout: float, group: list[dict[str, Any]], goal_targets: tuple[float, float]) -> str:
+    """The goals of one cell: edgesched's time to each target against the fastest other contender,
+    whether it reached the target wherever anyone did, and its accuracy at the budget."""
+    speed = []
+    for target in goal_targets:
+        mine = _mean_ttt(group, "edgesched", _key(target))
+        best = min(((t, s) for s in OTHERS if (t := _mean_ttt(group, s, _key(target))) is not None), default=None)
+        if mine is None:
+            speed.append("no mean (not every seed)")
+        elif best is None:
+            speed.append("only edgesched on every seed")
+        else:
+            speed.append(f"{best[0] / mine:.2f}x {best[1]} ({mine:.0f} s against {best[0]:.0f} s)")
+    key = _key(goal_targets[1])
+    anyone = {r["seed"] for r in group if r["reached"][key] is not None}
+    mine_seeds = {r["seed"] for r in group if r["strategy"] == "edgesched" and r["reached"][key] is not None}
+    missed = sorted(anyone - mine_seeds)
+    everywhere = "yes" if not missed else f"no: seed {', '.join(map(str, missed))}"
+    at_budget = {s: _mean_accuracy(group, s) for s in ("edgesched", *OTHERS)}
+    others = {s: a for s, a in at_budget.items() if s != "edgesched" and a is not None}
+    mine_acc = at_budget["edgesched"]
+    if mine_acc is None or not others:
+        vs_best = vs_fedavg = "—"
+    else:
+        best_name = max(others, key=lambda s: others[s])
+        vs_best = f"{100 * (mine_acc - others[best_name]):+.2f} pp ({best_name})"
+        vs_fedavg = f"{100 * (mine_acc - others['fedavg']):+.2f} pp" if "fedavg" in others else "—"
+    return f"| {fleet}, {dropout:.0%} | {speed[0]} | {speed[1]} | {everywhere} | {vs_best} | {vs_fedavg} |"
+
+
+def _mean_accuracy(group: list[dict[str, Any]], strategy: str) -> float | None:
+    """A contender's mean accuracy at the time budget (None: not in the cell, or no budget)."""
+    runs = [r for r in group if r["strategy"] == strategy]
+    values = [accuracy_at(r["curve"], r["time_budget_s"]) if r.get("time_budget_s") else None for r in runs]
+    return mean(v for v in values if v is not None) if runs and None not in values else None
 
 
 def _common_seeds(group: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -183,28 +236,20 @@ def _common_seeds(group: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], st
 
 
 def _reach_cells(group: list[dict[str, Any]], runs: list[dict[str, Any]], strategy: str, key: str) -> str:
-    """Time to one target (mean ± sd of the seeds that reached it), seeds reached, and the two ratios."""
+    """Time to one target (mean ± sd of the seeds that reached it), seeds reached, and the fastest
+    other contender's mean time over this one's (both only when every seed got there)."""
     reached = [r["reached"][key] for r in runs if r["reached"][key] is not None]
     time_s = _spread(reached, ".0f") if reached else "not reached"
-    mine, base, oracle = (_mean_ttt(group, s, key) for s in (strategy, "fedavg", "oracle"))
-    vs_oracle = f"{mine / oracle:.2f}" if mine and oracle else "—"
-    return f"{time_s} | {len(reached)}/{len(runs)} | {_ratio(base, mine, group, 'fedavg')} | {vs_oracle}"
+    mine = _mean_ttt(group, strategy, key)
+    others = [t for s in OTHERS if s != strategy and (t := _mean_ttt(group, s, key)) is not None]
+    ratio = f"{min(others) / mine:.2f}" if mine and others else "—"
+    return f"{time_s} | {len(reached)}/{len(runs)} | {ratio}"
 
 
 def _mean_ttt(group: list[dict[str, Any]], strategy: str, key: str) -> float | None:
     """Mean time to a target, only if every seed reached it."""
     times = [r["reached"][key] for r in group if r["strategy"] == strategy]
     return mean(times) if times and None not in times else None
-
-
-def _ratio(base: float | None, mine: float | None, group: list[dict[str, Any]], base_name: str) -> str:
-    if mine is None:
-        return "—"
-    if base is not None:
-        return f"{base / mine:.2f}"
-    # The baseline never got there: its whole run is a lower bound on its time to target.
-    floor = min((r["virtual_seconds"] for r in group if r["strategy"] == base_name), default=None)
-    return f"> {floor / mine:.1f}" if floor else "—"
 
 
 def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:

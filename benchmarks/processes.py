@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,29 @@ class Processes:
 
     def kill(self, name: str) -> None:
         os.killpg(self.procs[name].pid, signal.SIGKILL)
+
+    def throttle(self, name: str, share: float, period_s: float = 0.5) -> threading.Event:
+        """Slow a started process and every process it starts (a SuperNode's ClientApps) to `share`
+        of the time, as cpulimit does: its process group is stopped and continued each `period_s`.
+        Returns an event that ends the throttling when set. For a board slowed without root (no
+        cgroup quota); its agent, a process of its own, still reports as usual."""
+        group, stop = self.procs[name].pid, threading.Event()
+
+        def cycle() -> None:
+            try:
+                while not stop.is_set() and self.procs[name].poll() is None:
+                    os.killpg(group, signal.SIGSTOP)
+                    time.sleep(period_s * (1.0 - share))
+                    os.killpg(group, signal.SIGCONT)
+                    time.sleep(period_s * share)
+            except ProcessLookupError:
+                pass  # killed meanwhile
+            finally:
+                if self.procs[name].poll() is None:
+                    os.killpg(group, signal.SIGCONT)
+
+        threading.Thread(target=cycle, daemon=True, name=f"throttle-{name}").start()
+        return stop
 
     def stop_all(self) -> None:
         for proc in self.procs.values():

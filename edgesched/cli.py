@@ -18,6 +18,7 @@ import click
 import typer
 
 from edgesched.config import (
+    ABLATIONS,
     BASELINES,
     DATASETS,
     ENGINES,
@@ -100,7 +101,7 @@ def simulate(
         "synchronous rounds). Default: edgesched with --fleet; fedavg for a plain run, whose identical "
         "clients leave nothing to schedule. With --fleet also the baselines fedprox, deadline (FedAvg, fixed "
         "deadline, 130 % over-selection), fedbuff, oracle (knows the future) and the ablations "
-        "edgesched-no-prediction, edgesched-no-staleness, edgesched-no-equal-finish (docs/benchmarks.md)."
+        f"{', '.join(ABLATIONS)} (docs/benchmarks.md)."
     ))] = None,
     scheduler: Annotated[str | None, Opt(help=(
         "Change the adaptive scheduler's settings, as flwr run's --run-config does on a gateway: "

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from edgesched.core.pace import PACES
 from edgesched.errors import ConfigError
 
 # The choices live here, with the validation, so that importing the config (as the CLI and the
@@ -34,14 +35,17 @@ TASK_PATH = r"([\w.]+|[^:]+\.py):([A-Za-z_]\w*)"
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
 ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines updates
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
+PACE_CHOICES = ("learned", *PACES)  # the adaptive scheduler's pace (edgesched.core.pace)
 ENGINES = ("ray", "in-process")  # where a virtual fleet's real training runs (edgesched.simulations)
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # What a gateway runs; the simulator also runs the baselines and ablations the side-by-side
 # benchmark compares (edgesched.simulations.contenders says what each one is).
 GATEWAY_STRATEGIES = ("fedavg", "edgesched")
 BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive scheduler: its settings do not apply
-STRATEGIES = (*BASELINES, "edgesched", "edgesched-no-prediction", "edgesched-no-staleness",
-              "edgesched-no-equal-finish", "oracle")
+# The ablations switch one mechanism of the adaptive scheduler off, or fix its pace (docs/benchmarks.md).
+ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
+             *(f"edgesched-pace-{name}" for name in PACES))
+STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
 # Clients of hapt and digits hold a few hundred samples each: one epoch is a handful of steps,
@@ -104,6 +108,7 @@ class SchedulerSettings:
     update_norm_limit: float = 10.0  # x the recent median size per local step
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
+    pace: str = "rounds"  # when devices get work and the server steps: a pace's name, or "learned"
 
     def __post_init__(self) -> None:
         _require(self.max_epochs >= 1, "max-epochs", "must be >= 1", self.max_epochs)
@@ -123,6 +128,7 @@ class SchedulerSettings:
                  self.large_update)
         _require(self.robust_aggregation in ROBUST, "robust-aggregation", f"must be one of {', '.join(ROBUST)}",
                  self.robust_aggregation)
+        _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
 
 
 @dataclass(frozen=True)

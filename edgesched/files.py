@@ -109,7 +109,7 @@ class _SafeUnpickler(pickle.Unpickler):
 MAGIC = b"edgesched-checkpoint 1\n"
 STATE_MODULES = frozenset({
     "edgesched.config", "edgesched.server.checkpoint", "edgesched.flower.nodes",
-    *(f"edgesched.core.{m}" for m in ("clock", "decisions", "engine", "events", "feedback", "fleet", "plan",
+    *(f"edgesched.core.{m}" for m in ("clock", "decisions", "engine", "events", "feedback", "fleet", "pace", "plan",
                                       "predict", "records", "registry", "risk", "scheduler", "telemetry",
                                       "transport", "validate")),
     *(f"edgesched.core.policies.{m}" for m in ("edgesched", "fedavg", "fedbuff")),

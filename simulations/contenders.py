@@ -12,7 +12,10 @@
   - `edgesched`: the adaptive scheduler; its ablations switch one mechanism off:
     `edgesched-no-prediction` (catalog priors only, nothing learned from jobs or reported speeds),
     `edgesched-no-staleness` (an update that misses its round never counts),
-    `edgesched-no-equal-finish` (every device does exactly one epoch, fast or slow).
+    `edgesched-no-equal-finish` (every device does exactly FedAvg's epochs, fast or slow),
+    `edgesched-no-churn` (departures between jobs neither raise risk nor shorten jobs),
+    or fix its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
+    pace over the planner, `stream-half`).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -28,9 +31,11 @@ import numpy as np
 from edgesched.config import RunConfig
 from edgesched.core import policies
 from edgesched.core.decisions import prediction_error
+from edgesched.core.pace import PACES
 from edgesched.core.policies.edgesched import EdgeschedPolicy
 from edgesched.core.predict import Predictor, PredictorConfig
 from edgesched.core.records import RoundCallback, job_record, round_record
+from edgesched.core.risk import DropoutModel, RiskConfig
 from edgesched.flower.messages import decode_reply
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.clock import VirtualClock
@@ -48,6 +53,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-staleness": lambda cfg: {"max-staleness": 0},
     "edgesched-no-equal-finish": lambda cfg: {"min-epochs": float(cfg.training.local_epochs),
                                               "max-epochs": cfg.training.local_epochs},
+    **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACES},
 }
 
 
@@ -78,7 +84,10 @@ def make_policy(cfg: RunConfig, fleet: VirtualFleet, sizes: list[int], clock: Vi
                                   OracleRisk(foresight, battery_reserve))
     priors = {name: board.train_seconds(fleet.model_macs, 1) for name, board in load_catalog().boards.items()}
     learn = strategy != "edgesched-no-prediction"
-    return policies.edgesched(cfg, Predictor(fleet.model_bytes, priors, PredictorConfig(learn=learn)))
+    risk = None
+    if strategy == "edgesched-no-churn":
+        risk = DropoutModel(RiskConfig(battery_reserve=policies.scheduler_config(cfg).battery_reserve, churn=False))
+    return policies.edgesched(cfg, Predictor(fleet.model_bytes, priors, PredictorConfig(learn=learn)), risk)
 
 
 def summary_extra(cfg: RunConfig, policy: policies.Policy, fleet: VirtualFleet, sizes: list[int]) -> dict[str, Any]:

@@ -154,8 +154,18 @@ class Adjusted(Decision):
     KIND: ClassVar[str] = "adjust"
 
 
+@dataclass(frozen=True)
+class Paced(Decision):
+    """The pace chosen for the steps from this one on (edgesched.core.pace), and why."""
+
+    pace: str
+    reason: str
+
+    KIND: ClassVar[str] = "pace"
+
+
 _CLASSES: list[type[Decision]] = [RoundPlanned, Selected, Skipped, Arrived, Lost, Expired, Quarantined, Screened,
-                                  Adjusted]
+                                  Adjusted, Paced]
 
 
 def decision_from_json(line: str) -> Decision:
@@ -170,7 +180,7 @@ def decision_from_json(line: str) -> Decision:
 
 
 def prediction_error(log: Sequence[Decision], after_round: int = 0) -> dict[str, Any]:
-    """Median absolute % error of predicted vs actual job time, over on-time arrivals after a round."""
-    errors = [abs(e.error) for e in log if isinstance(e, Arrived) and e.staleness == 0 and e.round > after_round]
+    """Median absolute % error of predicted vs actual job time, over the arrivals of jobs planned after a round."""
+    errors = [abs(e.error) for e in log if isinstance(e, Arrived) and e.round > after_round]
     return {"after_round": after_round, "jobs": len(errors),
             "median_abs_pct": round(100 * float(np.median(errors)), 2) if errors else None}

@@ -23,7 +23,9 @@ the over-selection follows the predicted risk instead of a fixed 130 %.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +65,13 @@ class Candidates:
     energy_samples: np.ndarray  # samples its battery allows (inf on mains or charging)
     fits_memory: np.ndarray  # bool
     transfer_bytes: np.ndarray  # model down + up
+    stay_s: np.ndarray  # how long it is expected to stay online (1 / its departure rate; inf: no departures)
+
+    def take(self, index: Sequence[int]) -> Candidates:
+        """The candidates at `index`, in that order."""
+        idx = np.asarray(index, dtype=np.int64)
+        arrays: dict[str, Any] = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "devices"}
+        return Candidates(devices=[self.devices[i] for i in idx], **arrays)
 
     def epochs_s(self, epochs: float = 1.0) -> np.ndarray:
         """Predicted time for `epochs` passes over each device's data, transfers included."""
@@ -102,7 +111,11 @@ def choose_deadline(cands: Candidates, cfg: PlanConfig, stretch: float = 1.0) ->
                          cfg.max_deadline_s))
 
 
-def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_staleness: int | None = None) -> Plan:
+def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_staleness: int | None = None,
+               steps_per_window: float | None = None) -> Plan:
+    """The plan for `cands` with this `deadline`. `steps_per_window`: jobs are sent as devices
+    come free, not in rounds, and the server takes about this many steps per deadline's length;
+    a job's staleness bound is then counted in those steps (see `_assign`)."""
     bound_cap = cfg.max_staleness if max_staleness is None else max_staleness
     n = cands.samples.astype(np.float64)
     sps = cands.seconds_per_sample
@@ -111,12 +124,19 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     late = np.maximum(np.ceil((cands.transfer_s + least * sps) / deadline) - 1, 0)
     window = (late + 1) * deadline
     work = np.minimum((window - cands.transfer_s) / sps, cfg.max_epochs * n)
-    work = np.minimum(work, cands.energy_samples)
+    # A device expected to leave gets no longer a job than it is expected to stay: with departures
+    # at rate h, work that ends by T is delivered with probability exp(-hT), and the work expected
+    # back, (T - transfer) exp(-hT), is largest at T = transfer + 1/h.
+    staying = (cands.stay_s - cands.transfer_s) / sps
+    work = np.minimum(work, staying)
+    energy = np.minimum(work, cands.energy_samples)
 
     reason = np.full(len(n), "", dtype=object)
     reason[late > bound_cap] = "too_slow"
-    reason[work < least] = "battery"  # only the energy cap can push work below the least
+    reason[work < least] = "leaving"
+    reason[(energy < least) & (work >= least)] = "battery"
     reason[~cands.fits_memory] = "memory"
+    work = energy
     eligible = reason == ""
 
     value = n * np.maximum(cands.loss, 1e-3) * (1 - cands.risk) * (1 + late) ** -cfg.staleness_exponent
@@ -138,14 +158,14 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
         elif len(chosen) >= slots or traffic + cands.transfer_bytes[i] > traffic_budget:
             skipped[device] = "capacity"
         else:
-            chosen.append(_assign(cands, i, work[i], int(late[i]), bound_cap, float(value[i]), cfg))
+            chosen.append(_assign(cands, i, work[i], int(late[i]), bound_cap, float(value[i]), cfg, steps_per_window))
             expected += 1 - cands.risk[i]
             traffic += cands.transfer_bytes[i]
     return Plan(deadline, chosen, skipped, expected)
 
 
 def _assign(cands: Candidates, i: int, work: float, late: int, bound_cap: int, value: float,
-            cfg: PlanConfig) -> Assignment:
+            cfg: PlanConfig, steps_per_window: float | None) -> Assignment:
     n = int(cands.samples[i])
     # Work in whole SGD steps, counted per epoch: an epoch ends with a partial batch, so a
     # 60-sample shard at batch 32 takes 2 steps an epoch, not 60 // 32 = 1.
@@ -156,5 +176,8 @@ def _assign(cands: Candidates, i: int, work: float, late: int, bound_cap: int, v
     samples = whole * n + rest * cfg.batch_size
     predicted = float(cands.transfer_s[i] + samples * cands.seconds_per_sample[i])
     # One round of slack past the expected lateness, so a device that is merely slow still counts.
-    bound = min(late + 1, bound_cap)
+    # Sent as devices come free, a job meets about `steps_per_window` server steps per deadline
+    # it runs (and a device the cap deems too slow was not chosen): it may be that many steps late.
+    bound = min(late + 1, bound_cap) if steps_per_window is None \
+        else math.ceil((min(late, bound_cap) + 1) * steps_per_window)
     return Assignment(cands.devices[i], samples, steps, epochs, predicted, late, bound, float(cands.risk[i]), value)

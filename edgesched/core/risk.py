@@ -6,6 +6,7 @@ Three causes, combined as independent:
 - churn: how often the registry saw it go offline between jobs, per online hour, shrunk toward
   the fleet's pooled rate (so one early departure after a minute online does not read as sixty
   an hour), turned into the chance of leaving within the job's predicted time (exponential);
+  the planner also keeps each job within the time the device is expected to stay (`hazard`);
 - its state now: a battery below its reserve and not charging, a throttled board, a link
   whose round trip is long.
 """
@@ -24,6 +25,7 @@ class RiskConfig:
     prior_online_s: float = 3600.0  # online seconds' worth of weight the fleet's departure rate carries
     battery_reserve: float = 20.0  # percent below which an unplugged device is likely to stop
     slow_rtt_ms: float = 500.0
+    churn: bool = True  # False: departures between jobs are not counted (an ablation)
 
 
 @dataclass
@@ -72,15 +74,21 @@ class DropoutModel:
         lost = sum(r.lost for r in self._records.values())
         return (lost + 0.5) / (jobs + 5.0)
 
+    def hazard(self, device: str) -> float:
+        """The device's departures per online second between jobs, shrunk toward the fleet's."""
+        if not self.config.churn:
+            return 0.0
+        r = self._get(device)
+        fleet_hazard = self._departures / self._online_s if self._online_s > 0 else 0.0
+        prior = self.config.prior_online_s
+        return (r.departures + prior * fleet_hazard) / (r.online_s + prior)
+
     def risk(self, device: str, job_seconds: float, hb: Heartbeat | None, fleet_rate: float | None = None) -> float:
         c = self.config
         r = self._get(device)
         base = fleet_rate if fleet_rate is not None else self.fleet_rate()
         p_job = (r.lost + c.prior_strength * base) / (r.jobs + c.prior_strength)
-        fleet_hazard = self._departures / self._online_s if self._online_s > 0 else 0.0
-        prior = c.prior_online_s
-        hazard = (r.departures + prior * fleet_hazard) / (r.online_s + prior)
-        p_leave = 1.0 - math.exp(-hazard * job_seconds)
+        p_leave = 1.0 - math.exp(-self.hazard(device) * job_seconds)
         p_state = 0.0
         if hb is not None:
             if hb.battery_percent is not None and not hb.charging and hb.battery_percent < c.battery_reserve:

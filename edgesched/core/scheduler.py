@@ -9,7 +9,7 @@ own record of the plan (`JobPlan`) rides on the engine's `Job`. Per round:
 2. `dispatched(...)` per job sent; then `arrived(...)` or `lost(...)` as jobs end, in any
    round: an update counts while its staleness is within the bound it was given.
 3. `close_round(...)`: the buffered updates become one FedNova step; late jobs stay in flight.
-4. `after_round(...)`: convergence feedback on the global loss and the step's norm, and the
+4. `after_round(...)`: convergence feedback on the global loss (noise told from divergence), and the
    deadline's stretch follows how many jobs made their deadline.
 
 Every decision is appended to `self.log` as a typed record (decisions.jsonl).
@@ -79,6 +79,7 @@ class JobPlan:
     prediction: Prediction
     factor: float  # the slowdown the prediction assumed
     expired: bool = False  # past its staleness bound: it can no longer count, the device is still busy
+    window: float | None = None  # sent as devices came free: the time it had to deliver (None: in a round)
 
 
 class Scheduler:
@@ -101,7 +102,6 @@ class Scheduler:
         self._loss: dict[str, float] = {}
         self._due = 0  # this round's jobs planned to make the deadline, less those lost
         self._on_time = 0
-        self.last_step_norm = 0.0
         self.errors: list[float] = []  # |predicted/actual - 1| of this round's arrivals
 
     # -- planning ------------------------------------------------------------------------
@@ -130,24 +130,38 @@ class Scheduler:
         self._due = self._on_time = 0
         self.errors = []
 
-    def plan(self, rnd: int, now: float, views: Sequence[DeviceView], busy: Set[str] = frozenset()) -> list[Assignment]:
-        """This round's jobs for the free devices among `views` (`busy`: devices with a job in flight)."""
+    def plan(self, rnd: int, now: float, views: Sequence[DeviceView], busy: Set[str] = frozenset(),
+             slots: int | None = None, steps_per_window: float = 1.0) -> list[Assignment]:
+        """This round's jobs for the free devices among `views` (`busy`: devices with a job in flight).
+
+        `slots`: jobs are sent as devices come free rather than in rounds; at most this many are
+        planned now, and the deadline is taken over every online device, busy ones too, so that
+        jobs sent at different moments are sized alike and finish about as long after they start
+        (`steps_per_window`: server steps expected per deadline, for the staleness bounds)."""
         self.round = rnd
         held = [v.device for v in views if self.guard.quarantined(v.device, now)]
-        views = [v for v in views if v.device not in busy and v.device not in held]
-        cands, predictions = self._candidates(views)
+        working = [v for v in views if v.device not in held]
+        free = [i for i, v in enumerate(working) if v.device not in busy]
+        if slots is None:
+            working = [working[i] for i in free]
+            free = list(range(len(working)))
+        everyone, predictions = self._candidates(working)
         knobs = self.monitor.knobs
         # The monitor lowers max-epochs one at a time; never below the least work a job may be.
         least = math.ceil(self.config.plan.min_epochs)
         cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(knobs.max_epochs, least),
-                            "max_staleness": knobs.max_staleness})
+                            "max_staleness": knobs.max_staleness,
+                            **({} if slots is None else {"target_updates": max(1, slots), "max_overselect": 1.0})})
+        self.deadline = choose_deadline(everyone, cfg, self.stretch)
+        cands = everyone.take(free)
+        views = [working[i] for i in free]
         fleet_rate = self.risk.fleet_rate()
         cands.risk[:] = [self.risk.risk(v.device, t, v.heartbeat, fleet_rate)
                          for v, t in zip(views, cands.epochs_s(), strict=True)]
-        self.deadline = choose_deadline(cands, cfg, self.stretch)
-        plan = plan_round(cands, self.deadline, cfg)
-        self._planned = predictions
-        self._due = sum(1 for a in plan.assignments if a.staleness == 0)
+        plan = plan_round(cands, self.deadline, cfg, steps_per_window=None if slots is None else steps_per_window)
+        self._planned.update(predictions)
+        if slots is None:
+            self._due = sum(1 for a in plan.assignments if a.staleness == 0)
         self.log.append(RoundPlanned(now, rnd, self.deadline, self.stretch, len(views), len(busy),
                                      len(plan.assignments), float(plan.expected_updates)))
         for a in plan.assignments:
@@ -182,6 +196,7 @@ class Scheduler:
             fits_memory=np.array([v.heartbeat is None or v.heartbeat.mem_available_mb >= self.config.job_memory_mb
                                   for v in views], dtype=bool),
             transfer_bytes=np.full(len(views), 2.0 * self.predictor.model_bytes),
+            stay_s=np.array([1.0 / h if (h := self.risk.hazard(v.device)) > 0 else math.inf for v in views]),
         )
         return cands, preds
 
@@ -196,11 +211,13 @@ class Scheduler:
         return spare / drain / seconds_per_sample
 
     # -- jobs ----------------------------------------------------------------------------
-    def dispatched(self, a: Assignment, hb: Heartbeat | None) -> JobPlan:
+    def dispatched(self, a: Assignment, hb: Heartbeat | None, streaming: bool = False) -> JobPlan:
         """A planned job was sent: what to remember of it, on the prediction it was planned with
-        (`hb`: the device's heartbeat it was planned on)."""
+        (`hb`: the device's heartbeat it was planned on; `streaming`: sent as it came free, not in a
+        round, so it is on time if it delivers within its deadline's windows)."""
         self._last_round[a.device] = self.round
-        return JobPlan(self.round, a, self._planned[a.device], self.predictor.slowdown(a.device, hb))
+        window = (a.staleness + 1) * self.deadline if streaming else None
+        return JobPlan(self.round, a, self._planned[a.device], self.predictor.slowdown(a.device, hb), window=window)
 
     def arrived(self, job: Job, now: float, trained: Sequence[np.ndarray], base: Sequence[np.ndarray],
                 steps: int, samples: int, data_size: int, compute_s: float,
@@ -223,7 +240,12 @@ class Scheduler:
         ok = staleness <= plan.assignment.staleness_bound
         if ok:
             self._buffer.append((job.id, job.device, Update(verdict.delta, data_size, steps, staleness)))
-        if staleness == 0 and plan.assignment.staleness == 0:
+        if plan.window is not None:  # on time: within its window, whatever steps came meanwhile
+            self._due += 1
+            if now - job.sent_at <= plan.window:
+                self._on_time += 1
+                self.errors.append(abs(err))
+        elif staleness == 0 and plan.assignment.staleness == 0:
             self._on_time += 1
             self.errors.append(abs(err))
         self.log.append(Arrived(now, plan.round, job.device, "counted" if ok else "too_stale", self.round, staleness,
@@ -254,7 +276,7 @@ class Scheduler:
         """A job that will never deliver: its device left, the transport failed, or it timed out."""
         plan: JobPlan = job.plan
         self.risk.note_job(job.device, lost=True)
-        if plan.round == self.round and plan.assignment.staleness == 0:
+        if plan.window is None and plan.round == self.round and plan.assignment.staleness == 0:
             self._due -= 1
         self.log.append(Lost(now, plan.round, job.device, why, self.round))
 
@@ -277,6 +299,16 @@ class Scheduler:
                 self.lost(job, now, "no reply")
                 abandoned.append(job.id)
         return abandoned
+
+    @property
+    def buffered(self) -> int:
+        """Updates in, waiting for the next server step."""
+        return len(self._buffer)
+
+    @property
+    def waiting(self) -> set[str]:
+        """The devices whose update waits for the next server step."""
+        return {device for _, device, _ in self._buffer}
 
     def round_complete(self, jobs: Mapping[str, Job]) -> bool:
         """Every job of this round has ended and every on-time update is in (the round may end early)."""
@@ -302,11 +334,10 @@ class Scheduler:
         if not updates:
             return weights, 0
         step, _ = fednova(updates, self.config.momentum, self.config.plan.staleness_exponent, self.config.robust)
-        self.last_step_norm = float(np.sqrt(sum(float(np.sum(s * s)) for s in step)))
         return apply_step(weights, step, self.monitor.knobs.server_lr), len(updates)
 
-    def after_round(self, rnd: int, now: float, loss: float, step_norm: float) -> None:
-        for adj in self.monitor.observe(rnd, loss, step_norm):
+    def after_round(self, rnd: int, now: float, loss: float) -> None:
+        for adj in self.monitor.observe(rnd, loss):
             self.log.append(Adjusted(now, adj.round, adj.knob, adj.old, adj.new, adj.reason))
         if self._due > 0:
             share = self._on_time / self._due

@@ -25,6 +25,7 @@ def candidates(sps: list[float], transfer: list[float], samples: int = 600, **ov
         devices=[f"d{i}" for i in range(n)], samples=np.full(n, samples), seconds_per_sample=np.array(sps),
         transfer_s=np.array(transfer), risk=np.zeros(n), loss=np.ones(n), idle_rounds=np.zeros(n),
         energy_samples=np.full(n, math.inf), fits_memory=np.ones(n, dtype=bool), transfer_bytes=np.full(n, 1e6),
+            stay_s=np.full(n, math.inf),
     )
     fields.update(over)
     return Candidates(**fields)
@@ -121,8 +122,8 @@ def test_device_with_falling_battery_gets_less_work_then_none():
 
 def test_a_wobbling_loss_never_lowers_max_epochs_below_the_least_work():
     s = scheduler(k=1, min_epochs=5.0, max_epochs=5)  # every job exactly 5 epochs (an ablation)
-    for loss in (1.0, 2.0, 3.0):  # each round worse: the monitor tightens each time
-        s.monitor.observe(1, loss, 1.0)
+    for loss in (1.0, 2.5, 6.0):  # each step blows up: the monitor tightens each time
+        s.monitor.observe(1, loss)
     assert s.monitor.knobs.max_epochs == 3
     (a,) = s.plan(1, 0.0, [DeviceView("a", 64, None, "pi")])
     assert a.epochs == 5 and a.samples == 5 * 64
@@ -224,37 +225,64 @@ def test_predictor_separates_the_devices_speed_from_its_load():
     assert p.predict("d", busy).seconds_per_sample == pytest.approx(0.002, rel=0.02)
 
 
-def test_feedback_tightens_on_a_loss_jump_and_relaxes_after_calm():
+# The global test loss of the adaptive scheduler's first 19 steps on hapt-30 at 30 % dropout (seed 0,
+# rounds): the model improves from 70.6 % to 87.2 % while the loss rises in 7 of the steps. The
+# monitor that judged every rise of 5 % as divergence tightened 6 times on it, and held the server
+# step at 0.25 for most of the run.
+HAPT_LOSSES = [0.928, 1.267, 1.234, 1.044, 0.777, 0.707, 0.681, 0.727, 0.605, 0.571, 0.563, 0.560, 0.577, 0.574,
+               0.616, 0.610, 0.601, 0.549, 0.521]
+
+
+def test_a_noisy_loss_that_improves_is_not_divergence():
+    m = ConvergenceMonitor(Knobs(max_epochs=10, max_staleness=3, server_lr=1.0))
+    assert [m.observe(step, loss) for step, loss in enumerate(HAPT_LOSSES, 1)] == [[]] * len(HAPT_LOSSES)
+    m = ConvergenceMonitor(Knobs(max_epochs=10, max_staleness=3, server_lr=1.0))
+    rng = np.random.default_rng(0)  # a long converging curve with 10 % noise a step
+    for step in range(100):
+        assert m.observe(step, (0.3 + 1.2 * math.exp(-step / 15)) * math.exp(rng.normal(0, 0.1))) == []
+
+
+def test_a_loss_that_keeps_rising_beyond_its_noise_is_divergence():
+    m = ConvergenceMonitor(Knobs(max_epochs=10, max_staleness=3, server_lr=1.0))
+    for step, loss in enumerate(HAPT_LOSSES, 1):
+        m.observe(step, loss)
+    rising = [m.observe(20 + i, 0.521 * 1.15 ** i) for i in range(1, 8)]  # 15 % a step, noise ~6 %
+    first = next(i for i, changes in enumerate(rising, 1) if changes)
+    assert first <= 4 and "beyond its noise" in rising[first - 1][0].reason
+    assert m.knobs.server_lr <= 0.5
+
+
+def test_a_blown_up_or_non_finite_loss_tightens_at_once_and_calm_gives_back():
     m = ConvergenceMonitor(Knobs(max_epochs=3, max_staleness=3, server_lr=1.0))
-    assert m.observe(1, 1.0, 1.0) == [] and m.observe(2, 0.8, 1.0) == []
-    changes = m.observe(3, 1.2, 1.0)
+    assert m.observe(1, 1.0) == [] and m.observe(2, 0.8) == []
+    changes = m.observe(3, 2.0)  # 2.2x the best level (0.9: the median of the first two)
     assert {c.knob for c in changes} == {"max_epochs", "max_staleness", "server_lr"}
-    assert m.knobs == Knobs(2, 2, 0.5) and "above the recent best" in changes[0].reason
-    for rnd in range(4, 7):
-        changes = m.observe(rnd, 0.7, 1.0)
-    assert m.knobs == Knobs(3, 3, 1.0) and changes[0].reason == "3 calm rounds"
+    assert m.knobs == Knobs(2, 2, 0.5) and "x the recent best" in changes[0].reason
+    assert m.observe(4, math.nan)[0].reason == "loss is not finite" and m.knobs == Knobs(1, 1, 0.25)
+    for step in range(5, 8):
+        changes = m.observe(step, 0.7)
+    assert m.knobs == Knobs(2, 2, 0.5) and changes[0].reason == "3 calm steps"
 
 
 def test_feedback_takes_back_epochs_only_down_to_fedavgs_own():
     m = ConvergenceMonitor(Knobs(max_epochs=10, max_staleness=3, server_lr=1.0), min_epochs=5)
-    m.observe(1, 1.0, 1.0)
-    for rnd, loss in enumerate([1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8], start=2):  # wobbling every round
-        m.observe(rnd, loss, 1.0)
+    for step in range(1, 9):
+        m.observe(step, math.inf)  # diverging every step
     assert m.knobs == Knobs(5, 0, 0.25)
 
 
 def test_feedback_waits_longer_after_a_give_back_that_wobbled():
     m = ConvergenceMonitor(Knobs(max_epochs=2, max_staleness=2, server_lr=1.0))
-    m.observe(1, 1.0, 1.0)
-    m.observe(2, 1.2, 1.0)  # wobble: tighten
-    for rnd in range(3, 6):
-        m.observe(rnd, 0.9, 1.0)  # three calm rounds: give back
+    m.observe(1, 1.0)
+    m.observe(2, 2.5)  # blown up: tighten
+    for step in range(3, 6):
+        m.observe(step, 0.9)  # three calm steps: give back
     assert m.knobs == Knobs(2, 2, 1.0)
-    changes = m.observe(6, 1.3, 1.0)  # the give-back wobbled at once
-    assert "next give-back after 6 calm rounds" in changes[0].reason
-    for rnd in range(7, 12):
-        assert m.observe(rnd, 0.8, 1.0) == []  # five calm rounds are no longer enough
-    assert m.observe(12, 0.8, 1.0)[0].reason == "6 calm rounds"
+    changes = m.observe(6, 2.5)  # the give-back blew up at once
+    assert "next give-back after 6 calm steps" in changes[0].reason
+    for step in range(7, 12):
+        assert m.observe(step, 0.8) == []  # five calm steps are no longer enough
+    assert m.observe(12, 0.8)[0].reason == "6 calm steps"
 
 
 def test_an_epoch_of_a_small_shard_is_all_of_its_steps():

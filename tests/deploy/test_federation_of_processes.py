@@ -288,10 +288,13 @@ def test_thirty_percent_of_the_boards_die_at_random_during_rounds_and_the_run_co
 
 
 @pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")
-def test_boards_train_an_own_task_on_their_own_data(tmp_path):
-    """The wine task of examples/ (never part of edgesched), named in the run config; each board
-    has only its own data.csv, of a different size, and no public data set; the gateway holds the
-    task's evaluation set. Each board's work is sized and its updates weighted by what it holds."""
+def test_boards_train_an_own_task_on_their_own_data_while_one_dies_and_one_slows(tmp_path):
+    """The deployment as docs/deploy.md and docs/tasks.md describe it: the wine task of examples/
+    (never part of edgesched) named in the run config; each board has only its own data.csv, in
+    the documented layout and of a different size, and no public data set; the gateway holds the
+    task's evaluation set. Each board's work is sized and its updates weighted by what it holds.
+    After the first round one board loses power and another is slowed to a twentieth of its
+    speed, far below the deadline: the run ends with a model, on what is left."""
     rows = (WINE / "wine.csv").read_text().splitlines()[1:]
     sizes = {"pi-a": 30, "pi-b": 50, "pi-c": 90}
     node_config, start = {}, 0
@@ -304,13 +307,20 @@ def test_boards_train_an_own_task_on_their_own_data(tmp_path):
     task = f'dataset = "{WINE / "wine_task.py"}:task"\nlocal-epochs = 2\nlr = 0.05\n'
     with Federation(tmp_path, list(sizes), fraction_train=1.0, task=task, node_config=node_config) as fed:
         run = fed.submit()
-        _wait(lambda: run.poll() is not None, 600, "the end of the run")
+        _wait(lambda: len(fed.rounds()) >= 1 or run.poll() is not None, 300, "round 1")
+        killed_at = fed.power_off("pi-c")
+        slowed = fed.procs.throttle("supernode-pi-b", share=0.05)
+        _wait(lambda: run.poll() is not None, 900, "the end of the run")
+        slowed.set()
         assert (fed.out / "summary.json").exists(), fed.log("flwr-run")[-3000:]
     _assert_ended_with_a_model(fed, 0.7)  # three cultivars: chance is a third
     jobs = _rows(fed.out / "jobs.csv")
-    trained = {j["device_id"] for j in jobs}
-    assert trained == set(sizes), jobs
-    # A reply whose data size is not the one its board declared on joining is refused (lost).
+    assert {j["device_id"] for j in jobs} == set(sizes), jobs  # every board trained before the faults
+    assert {j["device_id"] for j in jobs if int(j["round"]) >= 2} >= {"pi-a"}
+    # A reply whose data size is not the one its board declared on joining would be refused.
     decisions = [json.loads(line) for line in (fed.out / "decisions.jsonl").read_text().splitlines()]
-    assert not [d for d in decisions if d["kind"] == "outcome" and d["outcome"] == "lost"]
-    assert sum(d["kind"] == "outcome" and d["outcome"] == "counted" for d in decisions) >= len(sizes)
+    assert not [d for d in decisions if d["kind"] == "outcome" and "refused" in d.get("reason", "")], decisions
+    fed.assert_dropped_through_mqtt("pi-c", killed_at)
+    slow = fed.node("pi-b")
+    late = [d for d in decisions if d.get("device") == slow and d["kind"] == "outcome" and d["t"] > killed_at]
+    print("the slowed board:", [(d["outcome"], round(d.get("actual_s", 0.0), 1)) for d in late])

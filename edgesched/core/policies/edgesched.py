@@ -1,17 +1,31 @@
-"""The adaptive scheduler as a policy: rounds planned from predictions, late updates that still count.
+"""The adaptive scheduler as a policy: at every look, who gets work now and whether to step now.
 
-A round starts once enough devices are free to expect `clients-per-round` updates back at the
-fleet's loss rate so far (as Flower waits for its minimum of nodes, grown by the predicted
-losses); after a deadline of waiting, once enough are free to expect `min_round_share` of
-those updates; after the round timeout, with whoever is free. A fleet smaller than those
-counts starts once all of it is free. The scheduler (edgesched.core.scheduler) then gives each
-chosen device its own work; the step is taken at the round's deadline, or as soon as every job
-due in the round has ended. Jobs planned to land later stay in flight and count in a later
-round while within their staleness bound.
+At each wake-up the policy makes two decisions. Whether a free device gets work now or is held
+for the next round, and whether the server steps now with the updates that are in or waits for
+more. How it makes them is its pace (edgesched.core.pace), chosen per block of steps by a pacer
+that may learn it in the run:
 
-Starting with part of a round matters on a fleet whose online devices barely cover one:
-waiting for all of `clients-per-round` there leaves the free devices idle until a dropped one
-rejoins (minutes), where a round of a few fewer updates costs a little noise (docs/scheduler.md).
+- **Rounds** (devices held). A round starts once enough devices are free to expect
+  `clients-per-round` updates back at the fleet's loss rate so far (as Flower waits for its
+  minimum of nodes, grown by the predicted losses); after a deadline of waiting, once enough are
+  free to expect `min_round_share` of those updates; after the round timeout, with whoever is
+  free. A fleet smaller than those counts starts once all of it is free. The step is taken at
+  the round's deadline, or as soon as every job due in the round has ended. Starting with part
+  of a round matters on a fleet whose online devices barely cover one: waiting for all of
+  `clients-per-round` there leaves the free devices idle until a dropped one rejoins (minutes).
+- **Streaming** (devices not held). Every free device is planned the moment it is free, up to
+  `clients-per-round x max-overselect` jobs in flight, each sized to the deadline taken over the
+  whole online fleet, so jobs sent at different moments still finish about as long after they
+  start (equal finish, in continuous time). The server steps once the pace's share of
+  `clients-per-round` updates is in (at most one per device: a device whose update waits for the
+  step is held; never more than the devices online); at once when no job that could still count
+  is out, so that no device waits for a step nobody else can bring; once two deadlines have
+  passed since the last step, with `min_round_share` of them; and after the round timeout with
+  whatever is in.
+
+Either way the scheduler (edgesched.core.scheduler) gives each chosen device its own work; jobs
+that land after the step stay in flight and count in a later one while within their staleness
+bound.
 """
 
 from __future__ import annotations
@@ -20,61 +34,105 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 
-from edgesched.core.decisions import Decision
+from edgesched.core.decisions import Decision, Paced
 from edgesched.core.engine import Job, Loss, Outcome, Wake, Weights
 from edgesched.core.fleet import DeviceView
+from edgesched.core.pace import ROUNDS, FixedPacer, LearnedPacer, Pace
 from edgesched.core.plan import Assignment
 from edgesched.core.scheduler import Scheduler
 from edgesched.core.transport import Batch, FleetView, Order, Reply, Transport
 from edgesched.errors import EdgeschedError
 
+Pacer = FixedPacer | LearnedPacer
+
 
 class EdgeschedPolicy:
-    def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float) -> None:
+    def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float,
+                 pacer: Pacer | None = None) -> None:
         self.scheduler = scheduler
         self.round_timeout = round_timeout
         self.min_round_share = min_round_share
+        self.pacer = pacer or FixedPacer(ROUNDS)
+        self.pace: Pace = ROUNDS
         self._step = 0
-        self._give_up = self._settle = 0.0
-        self._round_end: float | None = None  # set once the round is planned
+        self._began = self._give_up = self._settle = 0.0
+        self._round_end: float | None = None  # rounds: set once the round is planned
+        self._online = 1  # devices online at the last look
         self._planned: dict[str, tuple[Assignment, DeviceView]] = {}
-        self._used = 0
 
     @property
     def log(self) -> list[Decision]:
         return self.scheduler.log
 
     def begin_step(self, step: int, now: float) -> None:
+        self.pace, why = self.pacer.choose(step, now)
+        if why is not None:
+            self.scheduler.log.append(Paced(now, step, self.pace.name, why))
         self.scheduler.start_round(step)
         self._step = step
+        self._began = now
         self._give_up = now + self.round_timeout
         self._settle = now + min(self.scheduler.deadline, self.round_timeout)
         self._round_end = None
 
     def dispatch(self, now: float, fleet: FleetView, transport: Transport, jobs: Mapping[str, Job]) -> Batch | None:
-        if self._round_end is not None:
+        if self.pace.hold and self._round_end is not None:
             return None
         views = fleet.views(now)
+        self._online = len(views)
         busy = {job.device for job in jobs.values()}
         if now >= self._give_up and all(v.device in busy for v in views):
             busy -= self._stuck(jobs, now)
         self.scheduler.observe(views, now, busy)
         free = sum(1 for v in views if v.device not in busy)
+        if self.pace.hold:
+            assignments = self._round(now, views, busy, free, fleet.size())
+        else:
+            assignments = self._stream(now, views, busy, jobs)
+        if assignments:
+            by_device = {v.device: v for v in views}
+            self._planned = {a.device: (a, by_device[a.device]) for a in assignments}
+            return Batch([Order(a.device, epochs=a.epochs, steps=a.steps) for a in assignments])
+        if now >= self._give_up and (self.pace.hold or not (jobs or self.scheduler.buffered)):
+            raise EdgeschedError(f"round {self._step}: no device could take work for {self.round_timeout:.0f} s "
+                                 f"({len(views)} online, {len(busy)} busy)")
+        return None
+
+    def _round(self, now: float, views: list[DeviceView], busy: set[str], free: int, size: int) -> list[Assignment]:
+        """Rounds: the round's jobs, once enough devices are free (see the module docstring)."""
+        if self._round_end is not None:
+            return []
         wanted = self.scheduler.candidates_wanted()
         if now >= self._settle:
             wanted = math.ceil(self.min_round_share * wanted)
-        wanted = min(wanted, fleet.size())  # never more than the fleet has: that wait could not end
+        wanted = min(wanted, size)  # never more than the fleet has: that wait could not end
         if free >= wanted or (free and now >= self._give_up):
             assignments = self.scheduler.plan(self._step, now, views, busy)
             if assignments:
                 self._round_end = now + self.scheduler.deadline
-                by_device = {v.device: v for v in views}
-                self._planned = {a.device: (a, by_device[a.device]) for a in assignments}
-                return Batch([Order(a.device, epochs=a.epochs, steps=a.steps) for a in assignments])
-        if now >= self._give_up:
-            raise EdgeschedError(f"round {self._step}: no device could take work for {self.round_timeout:.0f} s "
-                                 f"({len(views)} online, {len(busy)} busy)")
-        return None
+            return assignments
+        return []
+
+    def _stream(self, now: float, views: list[DeviceView], busy: set[str], jobs: Mapping[str, Job]) -> list[Assignment]:
+        """Streaming: work for the free devices now, up to the jobs in flight allowed. A device whose
+        update waits for the step is held until it: a step is an average over devices, and a fast
+        device sent again and again would fill it with its own data."""
+        held = busy | self.scheduler.waiting
+        slots = self._concurrency() - len(jobs)
+        if slots <= 0 or all(v.device in held for v in views):
+            return []
+        per_window = max(1.0, self._concurrency() / self._step_size())
+        return self.scheduler.plan(self._step, now, views, held, slots=slots, steps_per_window=per_window)
+
+    def _concurrency(self) -> int:
+        plan = self.scheduler.config.plan
+        return math.ceil(plan.target_updates * plan.max_overselect)
+
+    def _step_size(self) -> int:
+        """Streaming: the updates a step waits for; never more than devices are online (each
+        brings one a step)."""
+        wanted = math.ceil(self.pace.step_share * self.scheduler.config.plan.target_updates)
+        return max(1, min(wanted, self._online))
 
     def _stuck(self, jobs: Mapping[str, Job], now: float) -> set[str]:
         """Devices whose one job in flight has been out longer than the round timeout, while no
@@ -88,7 +146,7 @@ class EdgeschedPolicy:
 
     def on_sent(self, job: Job, now: float) -> None:
         assignment, view = self._planned[job.device]
-        job.plan = self.scheduler.dispatched(assignment, view.heartbeat)
+        job.plan = self.scheduler.dispatched(assignment, view.heartbeat, streaming=not self.pace.hold)
 
     def on_reply(self, job: Job, reply: Reply, base: Weights, staleness: int, now: float) -> Outcome:
         assert reply.trained is not None and reply.metrics is not None
@@ -103,19 +161,32 @@ class EdgeschedPolicy:
             self.scheduler.lost(job, now, f"error: {detail}" if loss == "error" else detail)
 
     def ready(self, now: float, jobs: Mapping[str, Job]) -> bool:
-        return self._round_end is not None and (self.scheduler.round_complete(jobs) or now >= self._round_end)
+        if self.pace.hold:
+            return self._round_end is not None and (self.scheduler.round_complete(jobs) or now >= self._round_end)
+        buffered, k = self.scheduler.buffered, self._step_size()
+        coming = any(not job.plan.expired for job in jobs.values())  # an update that may still count
+        return buffered >= k or (buffered > 0 and not coming) \
+            or (now >= self._starved_at() and buffered >= math.ceil(self.min_round_share * k)) or now >= self._give_up
+
+    def _starved_at(self) -> float:
+        """Streaming: when to step with fewer updates than the pace wants (the fleet cannot supply
+        them now): two deadlines after the step began, with at least `min_round_share` of them."""
+        return self._began + 2 * self.scheduler.deadline
 
     def wake(self, now: float, transport: Transport) -> Wake:
-        if self._round_end is not None:
+        if self.pace.hold and self._round_end is not None:
             return Wake(self._round_end)
-        return Wake(min(self._give_up, now + max(1.0, self.round_timeout / 100)))
+        look = min(self._give_up, now + max(1.0, self.round_timeout / 100))
+        if not self.pace.hold and self.scheduler.buffered > 0 and self._starved_at() > now:
+            look = min(look, self._starved_at())
+        return Wake(look)
 
     def close_step(self, now: float, jobs: Mapping[str, Job]) -> list[str]:
         return self.scheduler.expire(jobs.values(), now)
 
     def aggregate(self, model: Weights, now: float) -> tuple[Weights, int]:
-        model, self._used = self.scheduler.close_round(model, now)
-        return model, self._used
+        return self.scheduler.close_round(model, now)
 
     def after_step(self, step: int, now: float, loss: float) -> None:
-        self.scheduler.after_round(step, now, loss, self.scheduler.last_step_norm if self._used else 0.0)
+        self.scheduler.after_round(step, now, loss)
+        self.pacer.observe(step, now, loss)

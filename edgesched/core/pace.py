@@ -1,0 +1,160 @@
+"""The pace: when free devices get work, and when the server steps (numpy and stdlib only).
+
+Two settings span what federated servers do, and a `Pace` is a point between them:
+- `hold`: free devices wait for the next server step, where one round is planned for all of
+  them at once (synchronous rounds; edgesched's round barrier), or each gets work the moment
+  it is free (FedBuff's pace: no device idles while there is work to give);
+- `step_share`: when devices are not held, the server steps once this share of
+  `clients-per-round` updates is in (FedBuff steps per K updates: a share of 1). In rounds, the
+  step comes when every job due in the round has ended, or at its deadline.
+
+A pacer chooses the pace for each block of server steps: `FixedPacer` always the same one;
+`LearnedPacer` learns which pace trains fastest on this fleet, in the run. It is a bandit over
+paces (discounted UCB, Garivier and Moulines 2011): each block of `block_steps` steps is played
+at one pace and rewarded with how fast the global loss fell during it, in log loss per second
+(the least-squares slope over the block's steps, which a single noisy evaluation cannot swing
+much). Old blocks count less and less (`discount` per block): a pace that led while the model
+was young must prove itself again later. Every choice is returned with its reason for
+decisions.jsonl. No randomness: ties go to the earlier pace in the list, so a seed repeats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edgesched.core.feedback import FLOOR
+
+
+@dataclass(frozen=True)
+class Pace:
+    name: str
+    hold: bool  # free devices wait for the next step's round
+    step_share: float = 1.0  # not held: step once this x clients-per-round updates are in
+
+    def __post_init__(self) -> None:
+        if not 0 < self.step_share <= 4:
+            raise ValueError(f"pace {self.name}: step_share must be in (0, 4]")
+
+
+ROUNDS = Pace("rounds", hold=True)
+PACES = {p.name: p for p in (ROUNDS, Pace("stream", hold=False), Pace("stream-half", hold=False, step_share=0.5))}
+
+
+class FixedPacer:
+    """The same pace for the whole run."""
+
+    def __init__(self, pace: Pace) -> None:
+        self.pace = pace
+        self._told = False
+
+    def choose(self, step: int, now: float) -> tuple[Pace, str | None]:
+        """The pace of `step`, and why when it was chosen anew (None: unchanged)."""
+        why = None if self._told else "fixed pace"
+        self._told = True
+        return self.pace, why
+
+    def observe(self, step: int, now: float, loss: float) -> None:
+        """A fixed pace learns nothing."""
+
+
+@dataclass(frozen=True)
+class BanditConfig:
+    block_steps: int = 3  # server steps played at one pace before it is judged
+    discount: float = 0.8  # each block, every past block's weight is multiplied by this
+    explore: float = 1.0  # width of the confidence bonus, in the rewards' own spread
+
+
+@dataclass
+class _Arm:
+    pace: Pace
+    weight: float = 0.0  # discounted number of blocks played
+    total: float = 0.0  # discounted sum of their rewards
+
+    def mean(self) -> float:
+        return self.total / self.weight if self.weight > 0 else math.nan
+
+
+class LearnedPacer:
+    """A discounted-UCB bandit over `paces`; see the module docstring."""
+
+    def __init__(self, paces: Sequence[Pace], config: BanditConfig | None = None) -> None:
+        if not paces:
+            raise ValueError("a learned pace needs at least one pace to choose from")
+        self.config = config or BanditConfig()
+        self.arms = [_Arm(p) for p in paces]
+        self.rewards: list[float] = []  # every block's reward, for the bonus's scale
+        self._current = 0
+        self._block_left = 0  # steps still to play in this block
+        self._points: list[tuple[float, float]] = []  # (time, log loss): the step before the block, then its own
+
+    @property
+    def pace(self) -> Pace:
+        return self.arms[self._current].pace
+
+    def choose(self, step: int, now: float) -> tuple[Pace, str | None]:
+        if self._block_left > 0:
+            return self.pace, None
+        self._current, why = self._pick()
+        self._block_left = self.config.block_steps
+        self._points = self._points[-1:]  # the block before ended where this one starts
+        return self.pace, why
+
+    def observe(self, step: int, now: float, loss: float) -> None:
+        """The global loss after `step` (a step of the block being played)."""
+        self._block_left -= 1
+        self._points.append((now, math.log(max(loss, FLOOR)) if math.isfinite(loss) else math.inf))
+        if self._block_left == 0:
+            self._reward(fall_rate(self._points))
+
+    def _reward(self, reward: float) -> None:
+        if not math.isfinite(reward):  # the loss blew up: the worst block yet, by a spread
+            reward = min((r for r in self.rewards), default=0.0) - 2 * _spread(self.rewards)
+        for arm in self.arms:
+            arm.weight *= self.config.discount
+            arm.total *= self.config.discount
+        arm = self.arms[self._current]
+        arm.weight += 1.0
+        arm.total += reward
+        self.rewards.append(reward)
+
+    def _pick(self) -> tuple[int, str]:
+        untried = [i for i, a in enumerate(self.arms) if a.weight == 0]
+        if untried:
+            return untried[0], f"trying each pace once: {self.arms[untried[0]].pace.name} not yet played"
+        spread = _spread(self.rewards)
+        played = sum(a.weight for a in self.arms)
+        scores = [a.mean() + self.config.explore * spread * math.sqrt(2 * math.log(max(played, 1.0)) / a.weight)
+                  for a in self.arms]
+        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        board = ", ".join(f"{a.pace.name} {a.mean():.4g}/s over {a.weight:.2f} blocks (bound {s:.4g})"
+                          for a, s in zip(self.arms, scores, strict=True))
+        return best, f"highest bound on log-loss fall per second: {board}"
+
+
+def fall_rate(points: Sequence[tuple[float, float]]) -> float:
+    """How fast the log loss fell over `points` (time, log loss): minus the least-squares slope,
+    per second. A block whose loss went non-finite fell at -inf; one with no time span, 0."""
+    if any(not math.isfinite(y) for _, y in points):
+        return -math.inf
+    if len(points) < 2:
+        return 0.0
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var <= 0:
+        return 0.0
+    return -sum((t - mt) * (y - my) for t, y in points) / var
+
+
+def _spread(rewards: Sequence[float]) -> float:
+    """The scale of the confidence bonus: the rewards' standard deviation (their mean size while
+    there are too few of them to spread)."""
+    finite = [r for r in rewards if math.isfinite(r)]
+    if not finite:
+        return 1.0
+    mean = sum(finite) / len(finite)
+    sd = math.sqrt(sum((r - mean) ** 2 for r in finite) / len(finite))
+    return sd if sd > 0 else max(abs(mean), 1e-9)

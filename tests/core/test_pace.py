@@ -1,0 +1,157 @@
+"""The pace: rounds and streaming on the engine, and a pace learned in the run (no Flower, no torch)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from edgesched.config import RunConfig
+from edgesched.core import policies
+from edgesched.core.decisions import Paced
+from edgesched.core.fleet import DeviceView
+from edgesched.core.pace import PACES, BanditConfig, LearnedPacer, Pace, fall_rate
+from edgesched.core.predict import Predictor
+
+from .fakes import Fleet, ScriptedTransport, StepClock, run
+from .heartbeats import heartbeat
+
+
+def edgesched(k: int, pace: str, **over) -> policies.EdgeschedPolicy:
+    cfg = RunConfig.from_mapping({"clients": k, "fraction-train": 1.0, "round-timeout": 600.0,
+                                  "strategy": "edgesched", "pace": pace, **over})
+    return policies.edgesched(cfg, Predictor(4 * 10_000, {"pi": 0.001}))
+
+
+def sends(transport: ScriptedTransport) -> list[tuple[float, str]]:
+    return [(s.at, s.device) for s in transport.sent]
+
+
+def test_streaming_gives_a_free_device_work_at_once_and_steps_per_k_updates():
+    # d0 and d1 are four times as fast as d2 and d3: streaming steps as soon as k = 2 updates are
+    # in, and sends the fast two again at once while the slow ones still train.
+    seconds = {"d0": 1.0, "d1": 1.0, "d2": 4.0, "d3": 4.0}
+    streamed = ScriptedTransport(StepClock(), seconds)
+    _, records = run(edgesched(2, "stream"), streamed, Fleet(4), steps=3)
+    assert [(r.replied, r.virtual_seconds) for r, _ in records] == [(2, 1.0), (2, 2.0), (2, 3.0)]
+    assert [t for t, d in sends(streamed) if d == "d0"] == [0.0, 1.0, 2.0]  # each time it is back
+    assert [t for t, d in sends(streamed) if d == "d2"] == [0.0]
+
+
+def test_streaming_holds_a_device_whose_update_waits_for_the_step():
+    # k = 2 and d0 is back before anyone else: it waits for the step instead of filling it alone.
+    seconds = {"d0": 1.0, "d1": 4.0, "d2": 4.0}
+    transport = ScriptedTransport(StepClock(), seconds)
+    _, records = run(edgesched(2, "stream", **{"min-deadline": 10.0}), transport, Fleet(3), steps=1)
+    assert [t for t, d in sends(transport) if d == "d0"] == [0.0]
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (3, 4.0)
+
+
+def test_streaming_keeps_at_most_k_times_overselect_jobs_in_flight():
+    transport = ScriptedTransport(StepClock(), {f"d{i}": 2.0 for i in range(10)})
+    run(edgesched(2, "stream", **{"max-overselect": 1.5}), transport, Fleet(10), steps=1)
+    at_start = [d for t, d in sends(transport) if t == 0.0]
+    assert len(at_start) == 3  # ceil(2 x 1.5)
+
+
+def test_streaming_steps_with_fewer_updates_when_the_fleet_cannot_supply_k():
+    # k = 4 with four devices online, two of which never reply, planned on a prior far below the
+    # others' 5 s: once two deadlines have passed, the step is taken with half of k in.
+    transport = ScriptedTransport(StepClock(), {"d0": 5.0, "d1": 5.0})
+    _, records = run(edgesched(4, "stream"), transport, Fleet(10, online=4), steps=1)
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (2, 5.0)
+    # Only one of them replies: it never brings half of k, so the step waits for the round timeout.
+    transport = ScriptedTransport(StepClock(), {"d0": 5.0})
+    _, records = run(edgesched(4, "stream"), transport, Fleet(10, online=4), steps=1)
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (1, 600.0)
+    # One device online: a step never waits for more updates than there are devices to send them.
+    transport = ScriptedTransport(StepClock(), {"d0": 5.0})
+    _, records = run(edgesched(4, "stream", **{"min-deadline": 10.0}), transport, Fleet(10, online=1), steps=1)
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (1, 5.0)
+
+
+class FlatBatteries(Fleet):
+    """d2 and d3 are online with their batteries below the reserve: they can take no work."""
+
+    def views(self, now: float) -> list[DeviceView]:
+        flat = heartbeat("d", battery_percent=5.0, charging=False)
+        return [DeviceView(v.device, v.samples, replace(flat, device_id=v.device) if v.device in ("d2", "d3")
+                           else None) for v in super().views(now)]
+
+
+def test_streaming_steps_at_once_when_no_update_is_still_coming():
+    # k = 4 of four online devices, but two cannot work: once the two jobs out are in, nothing else
+    # can come, and holding their devices for a step nobody can fill would idle them.
+    transport = ScriptedTransport(StepClock(), {f"d{i}": 5.0 for i in range(4)})
+    policy = edgesched(4, "stream", **{"min-deadline": 10.0})
+    _, records = run(policy, transport, FlatBatteries(4), steps=2)
+    assert [(r.replied, r.virtual_seconds) for r, _ in records] == [(2, 5.0), (2, 10.0)]
+    assert sorted({s.device for s in transport.sent}) == ["d0", "d1"]
+
+
+def test_a_fixed_pace_is_logged_once():
+    policy = edgesched(2, "stream")
+    run(policy, ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 1.0}), Fleet(2), steps=3)
+    paced = [d for d in policy.log if isinstance(d, Paced)]
+    assert [(p.round, p.pace, p.reason) for p in paced] == [(1, "stream", "fixed pace")]
+
+
+def test_the_fall_rate_is_the_slope_of_log_loss_and_a_blow_up_is_the_worst():
+    points = [(t, math.log(2.0) - 0.1 * t) for t in (0.0, 1.0, 2.0, 5.0)]
+    assert fall_rate(points) == pytest.approx(0.1)
+    assert fall_rate([(0.0, 1.0), (1.0, math.inf)]) == -math.inf
+    assert fall_rate([(3.0, 1.0)]) == 0.0
+
+
+def play(pacer: LearnedPacer, rate: dict[str, float], steps: int, noise: float = 0.0, seed: int = 0) -> list[str]:
+    """Drive a pacer on a made-up world where each pace makes log-loss fall at its own rate per
+    second, a step taking one second; the paces played, step by step."""
+    rng = np.random.default_rng(seed)
+    log_loss, played = 0.0, []
+    for step in range(1, steps + 1):
+        pace, _ = pacer.choose(step, float(step - 1))
+        played.append(pace.name)
+        log_loss -= rate[pace.name] + noise * rng.normal()
+        pacer.observe(step, float(step), math.exp(log_loss))
+    return played
+
+
+def test_the_learned_pace_tries_each_then_mostly_plays_the_fastest():
+    paces = list(PACES.values())
+    rate = {"rounds": 0.01, "stream": 0.03, "stream-half": 0.02}
+    played = play(LearnedPacer(paces, BanditConfig(block_steps=3)), rate, steps=90, noise=0.005)
+    assert played[:9] == ["rounds"] * 3 + ["stream"] * 3 + ["stream-half"] * 3  # each once, in order
+    assert played[9:].count("stream") > 0.6 * len(played[9:])
+
+
+def test_the_learned_pace_follows_a_fleet_that_changes():
+    # Rounds are best for the first 60 steps, then streaming: discounting lets it switch.
+    paces = [PACES["rounds"], PACES["stream"]]
+    pacer = LearnedPacer(paces, BanditConfig(block_steps=3))
+    first = play(pacer, {"rounds": 0.03, "stream": 0.01}, steps=60)
+    later = play(pacer, {"rounds": 0.01, "stream": 0.03}, steps=60)
+    assert first[30:].count("rounds") > 20 and later[30:].count("stream") > 20
+
+
+def test_the_learned_pace_repeats_and_says_why():
+    paces = list(PACES.values())
+    rate = {"rounds": 0.01, "stream": 0.03, "stream-half": 0.02}
+    runs = [play(LearnedPacer(paces), rate, steps=40, noise=0.01, seed=3) for _ in range(2)]
+    assert runs[0] == runs[1]
+    pacer = LearnedPacer(paces)
+    play(pacer, rate, steps=12)
+    _, why = pacer.choose(13, 12.0)
+    assert why is not None and "highest bound" in why and "stream" in why
+
+
+def test_a_pace_that_blows_the_loss_up_is_scored_worst():
+    paces = [Pace("calm", hold=False), Pace("wild", hold=False, step_share=0.5)]
+    pacer = LearnedPacer(paces, BanditConfig(block_steps=1))
+    pacer.choose(1, 0.0)
+    pacer.observe(1, 1.0, 0.5)
+    pacer.choose(2, 1.0)
+    pacer.observe(2, 2.0, math.nan)
+    assert pacer.arms[1].mean() < pacer.arms[0].mean()
+    assert pacer.choose(3, 2.0)[0].name == "calm"
