@@ -41,6 +41,7 @@ from statistics import mean, pstdev
 from typing import Any
 
 from edgesched.config import BASELINES, ENGINES, STRATEGIES
+from edgesched.simulations.fleet import load_fleet
 
 CONTENDERS = STRATEGIES
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -50,6 +51,7 @@ START, END = "<!-- contenders:start -->", "<!-- contenders:end -->"
 # The fleet's target_accuracy is a stretch that slow baselines may never reach in their rounds;
 # a second target this far below it gives every contender a time, so ratios are not bounds.
 EASIER = 0.05
+UNCAPPED = 1_000_000  # steps: with a time budget, every contender runs until it is spent
 
 
 def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
@@ -61,6 +63,8 @@ def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | 
     if not summary.exists():
         cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
                "--seed", str(seed), "--dropout", str(dropout), "--out", str(out), "--engine", engine]
+        if rounds is None and (time_budget is not None or load_fleet(fleet).run.time_budget is not None):
+            rounds = UNCAPPED  # the budget ends the run, not the fleet's step count
         if rounds is not None:
             cmd += ["--rounds", str(rounds)]
         if time_budget is not None:
@@ -285,7 +289,6 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
 def _fleet_name(fleet: str) -> str:
     """A fleet's own name (its file's `name`), for run folders and tables; one line for a bad file."""
     from edgesched.errors import EdgeschedError
-    from edgesched.simulations.fleet import load_fleet
 
     try:
         return load_fleet(fleet).name

@@ -44,7 +44,7 @@ GATEWAY_STRATEGIES = ("fedavg", "edgesched")
 BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive scheduler: its settings do not apply
 # The ablations switch one mechanism of the adaptive scheduler off, or fix its pace (docs/benchmarks.md).
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
-             *(f"edgesched-pace-{name}" for name in PACES))
+             *(f"edgesched-pace-{name}" for name in PACE_CHOICES))
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -108,7 +108,7 @@ class SchedulerSettings:
     update_norm_limit: float = 10.0  # x the recent median size per local step
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
-    pace: str = "rounds"  # when devices get work and the server steps: a pace's name, or "learned"
+    pace: str = "learned"  # when devices get work and the server steps: "stream", "rounds", or "learned" in the run
 
     def __post_init__(self) -> None:
         _require(self.max_epochs >= 1, "max-epochs", "must be >= 1", self.max_epochs)

@@ -186,7 +186,7 @@ class RunWatch:
         self.notes: dict[str, _DeviceNotes] = {}
         self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
         self.first_t: float | None = None  # the first decision's time: a gateway's run starts about then
-        self.errors: list[float] = []  # |predicted / actual - 1| of on-time arrivals
+        self.errors: list[float] = []  # |predicted / actual - 1| of the jobs that came back
         self.late = 0
         self.lost: Counter[str] = Counter()
         self.spans = JobSpans(TIMELINE_SPANS)
@@ -250,8 +250,7 @@ class RunWatch:
             assert note is not None
             note.actual_s = d.actual_s
             note.last = d.outcome.replace("_", " ")
-            if d.staleness == 0:
-                self.errors.append(abs(d.error))
+            self.errors.append(abs(d.error))
             if d.outcome != "counted":
                 self.late += 1
             text = f"{d.device}: {d.outcome.replace('_', ' ')}, {d.actual_s:.1f} s against {d.predicted_s:.1f} s"

@@ -83,8 +83,7 @@ def plot_decisions(log: list[Decision], path: Path) -> None:
     ax_dl.set_ylabel("deadline (s)")
     errors: dict[int, list[float]] = {}
     for e in arrived:
-        if e.staleness == 0:
-            errors.setdefault(e.round, []).append(100 * abs(e.error))
+        errors.setdefault(e.round, []).append(100 * abs(e.error))
     ex = sorted(errors)
     ax_err.plot(ex, [float(np.median(errors[x])) for x in ex], "o-", color="tab:blue")
     ax_err.set(xlabel="round", ylabel="median |error| (%)", title="job-time prediction error")

@@ -14,8 +14,8 @@
     `edgesched-no-staleness` (an update that misses its round never counts),
     `edgesched-no-equal-finish` (every device does exactly FedAvg's epochs, fast or slow),
     `edgesched-no-churn` (departures between jobs neither raise risk nor shorten jobs),
-    or fix its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
-    pace over the planner, `stream-half`).
+    or set its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
+    pace over the planner, or `learned` in the run).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -28,10 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from edgesched.config import RunConfig
+from edgesched.config import PACE_CHOICES, RunConfig
 from edgesched.core import policies
 from edgesched.core.decisions import prediction_error
-from edgesched.core.pace import PACES
 from edgesched.core.policies.edgesched import EdgeschedPolicy
 from edgesched.core.predict import Predictor, PredictorConfig
 from edgesched.core.records import RoundCallback, job_record, round_record
@@ -53,7 +52,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-staleness": lambda cfg: {"max-staleness": 0},
     "edgesched-no-equal-finish": lambda cfg: {"min-epochs": float(cfg.training.local_epochs),
                                               "max-epochs": cfg.training.local_epochs},
-    **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACES},
+    **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACE_CHOICES},
 }
 
 

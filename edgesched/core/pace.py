@@ -1,21 +1,21 @@
 """The pace: when free devices get work, and when the server steps (numpy and stdlib only).
 
-Two settings span what federated servers do, and a `Pace` is a point between them:
-- `hold`: free devices wait for the next server step, where one round is planned for all of
-  them at once (synchronous rounds; edgesched's round barrier), or each gets work the moment
-  it is free (FedBuff's pace: no device idles while there is work to give);
-- `step_share`: when devices are not held, the server steps once this share of
-  `clients-per-round` updates is in (FedBuff steps per K updates: a share of 1). In rounds, the
-  step comes when every job due in the round has ended, or at its deadline.
+Rounds and FedBuff's buffer are two settings of one decision, taken at every look at the fleet:
+- `rounds` holds free devices for the next server step, where one round is planned for all of
+  them at once, and steps when every job due in the round has ended or at its deadline;
+- `stream` gives a free device work the moment it is free and steps once `clients-per-round`
+  updates are in (FedBuff's pace: no device idles while there is work to give).
+(edgesched.core.policies.edgesched carries both out.)
 
 A pacer chooses the pace for each block of server steps: `FixedPacer` always the same one;
 `LearnedPacer` learns which pace trains fastest on this fleet, in the run. It is a bandit over
 paces (discounted UCB, Garivier and Moulines 2011): each block of `block_steps` steps is played
 at one pace and rewarded with how fast the global loss fell during it, in log loss per second
-(the least-squares slope over the block's steps, which a single noisy evaluation cannot swing
-much). Old blocks count less and less (`discount` per block): a pace that led while the model
-was young must prove itself again later. Every choice is returned with its reason for
-decisions.jsonl. No randomness: ties go to the earlier pace in the list, so a seed repeats.
+(the least-squares slope over the block's steps). The loss swings from step to step, so a block
+is six steps: a slope over three was mostly noise, and the bandit only took turns. Old blocks
+count less and less (`discount` per block): a pace that led while the model was young must prove
+itself again later. Every choice is returned with its reason for decisions.jsonl. No randomness:
+ties go to the earlier pace in the list, so a seed repeats.
 """
 
 from __future__ import annotations
@@ -31,15 +31,10 @@ from edgesched.core.feedback import FLOOR
 class Pace:
     name: str
     hold: bool  # free devices wait for the next step's round
-    step_share: float = 1.0  # not held: step once this x clients-per-round updates are in
-
-    def __post_init__(self) -> None:
-        if not 0 < self.step_share <= 4:
-            raise ValueError(f"pace {self.name}: step_share must be in (0, 4]")
 
 
-ROUNDS = Pace("rounds", hold=True)
-PACES = {p.name: p for p in (ROUNDS, Pace("stream", hold=False), Pace("stream-half", hold=False, step_share=0.5))}
+ROUNDS, STREAM = Pace("rounds", hold=True), Pace("stream", hold=False)
+PACES = {p.name: p for p in (STREAM, ROUNDS)}  # in the order a learned pace first tries them
 
 
 class FixedPacer:
@@ -61,9 +56,9 @@ class FixedPacer:
 
 @dataclass(frozen=True)
 class BanditConfig:
-    block_steps: int = 3  # server steps played at one pace before it is judged
+    block_steps: int = 6  # server steps played at one pace before it is judged
     discount: float = 0.8  # each block, every past block's weight is multiplied by this
-    explore: float = 1.0  # width of the confidence bonus, in the rewards' own spread
+    explore: float = 0.5  # width of the confidence bonus, in the rewards' own spread
 
 
 @dataclass

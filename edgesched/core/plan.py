@@ -127,13 +127,14 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     # A device expected to leave gets no longer a job than it is expected to stay: with departures
     # at rate h, work that ends by T is delivered with probability exp(-hT), and the work expected
     # back, (T - transfer) exp(-hT), is largest at T = transfer + 1/h.
-    staying = (cands.stay_s - cands.transfer_s) / sps
+    # Never below the least job, though: a short stay lowers the job's chance (its risk, which
+    # the selection weighs) but sending nothing brings nothing back for sure.
+    staying = np.maximum((cands.stay_s - cands.transfer_s) / sps, least)
     work = np.minimum(work, staying)
     energy = np.minimum(work, cands.energy_samples)
 
     reason = np.full(len(n), "", dtype=object)
     reason[late > bound_cap] = "too_slow"
-    reason[work < least] = "leaving"
     reason[(energy < least) & (work >= least)] = "battery"
     reason[~cands.fits_memory] = "memory"
     work = energy

@@ -78,9 +78,12 @@ class DropoutModel:
         """The device's departures per online second between jobs, shrunk toward the fleet's."""
         if not self.config.churn:
             return 0.0
-        r = self._get(device)
-        fleet_hazard = self._departures / self._online_s if self._online_s > 0 else 0.0
+        # The fleet's rate itself starts from none seen in `prior_online_s`: on a gateway, boards
+        # idle only seconds between jobs, and two departures in the first minute of idle time
+        # must not read as a fleet whose boards stay half a minute.
         prior = self.config.prior_online_s
+        fleet_hazard = self._departures / (self._online_s + prior)
+        r = self._get(device)
         return (r.departures + prior * fleet_hazard) / (r.online_s + prior)
 
     def risk(self, device: str, job_seconds: float, hb: Heartbeat | None, fleet_rate: float | None = None) -> float:

@@ -149,9 +149,15 @@ class Scheduler:
         knobs = self.monitor.knobs
         # The monitor lowers max-epochs one at a time; never below the least work a job may be.
         least = math.ceil(self.config.plan.min_epochs)
-        cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(knobs.max_epochs, least),
-                            "max_staleness": knobs.max_staleness,
-                            **({} if slots is None else {"target_updates": max(1, slots), "max_overselect": 1.0})})
+        most, streaming = knobs.max_epochs, {}
+        if slots is not None:
+            # Equal finish gives fast devices more epochs so that they do not idle at a round's
+            # barrier. Streaming has no barrier: a fast device's spare time goes to its next job,
+            # on a newer model, not to epochs past FedAvg's; the deadline only trims slow devices.
+            most = min(most, math.ceil(self.config.plan.deadline_epochs))
+            streaming = {"target_updates": max(1, slots), "max_overselect": 1.0}
+        cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(most, least),
+                            "max_staleness": knobs.max_staleness, **streaming})
         self.deadline = choose_deadline(everyone, cfg, self.stretch)
         cands = everyone.take(free)
         views = [working[i] for i in free]

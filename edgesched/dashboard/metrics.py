@@ -51,7 +51,7 @@ class RunCollector(Collector):
         yield _durations(view["step_seconds"])
         if view["prediction_error"] is not None:
             yield GaugeMetricFamily("edgesched_prediction_error_ratio",
-                                    "Median |predicted / actual - 1| of on-time job times",
+                                    "Median |predicted / actual - 1| of the job times that came back",
                                     value=view["prediction_error"])
         curve = view["accuracy"]
         if curve["accuracy"]:

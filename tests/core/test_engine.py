@@ -24,8 +24,9 @@ class StopAtFirstJob(ScriptedTransport):
 
 
 def edgesched(k: int, **over) -> policies.EdgeschedPolicy:
+    """The adaptive scheduler in rounds (what these tests are about; tests/core/test_pace.py streams)."""
     cfg = RunConfig.from_mapping({"clients": k, "fraction-train": 1.0, "round-timeout": 600.0,
-                                  "strategy": "edgesched", **over})
+                                  "strategy": "edgesched", "pace": "rounds", **over})
     return policies.edgesched(cfg, Predictor(4 * 10_000))
 
 

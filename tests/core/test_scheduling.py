@@ -25,7 +25,7 @@ def candidates(sps: list[float], transfer: list[float], samples: int = 600, **ov
         devices=[f"d{i}" for i in range(n)], samples=np.full(n, samples), seconds_per_sample=np.array(sps),
         transfer_s=np.array(transfer), risk=np.zeros(n), loss=np.ones(n), idle_rounds=np.zeros(n),
         energy_samples=np.full(n, math.inf), fits_memory=np.ones(n, dtype=bool), transfer_bytes=np.full(n, 1e6),
-            stay_s=np.full(n, math.inf),
+        stay_s=np.full(n, math.inf),
     )
     fields.update(over)
     return Candidates(**fields)
@@ -69,6 +69,28 @@ def test_too_slow_device_trains_for_a_later_round_with_a_staleness_bound():
     assert slow.staleness == 2 and slow.staleness_bound == 3
     tight = plan_round(cands, deadline=3.0, cfg=PlanConfig(target_updates=2, max_staleness=1, min_epochs=0.25))
     assert tight.skipped == {"d1": "too_slow"}
+
+
+def test_a_device_expected_to_leave_soon_gets_a_job_no_longer_than_its_stay_but_never_none():
+    # Three equal devices, 1 s of transfer, 0.001 s a sample: the deadline fits 4 epochs of 600.
+    stay = np.array([math.inf, 1.0 + 1.2, 1.0 + 0.05])  # d1 stays for 2 epochs; d2 for not even 1/4
+    cands = candidates(sps=[0.001] * 3, transfer=[1.0] * 3, stay_s=stay)
+    plan = plan_round(cands, deadline=3.4, cfg=PlanConfig(target_updates=3, max_epochs=10, min_epochs=0.25))
+    work = {a.device: a.samples for a in plan.assignments}
+    assert work["d0"] == pytest.approx(2400, rel=0.05)
+    assert work["d1"] == pytest.approx(1200, rel=0.05)  # T = transfer + 1/h
+    assert 150 <= work["d2"] <= 150 + 32 and not plan.skipped  # the least job (whole batches), not nothing
+
+
+def test_two_early_departures_do_not_read_as_a_fleet_that_stays_half_a_minute():
+    from edgesched.core.risk import DropoutModel
+    risk = DropoutModel()
+    for d in ("a", "b", "c"):
+        risk.note_presence(d, True, 0.0)
+    for d in ("a", "b"):  # both leave after 20 s idle: 2 departures in 60 online seconds
+        risk.note_presence(d, False, 20.0)
+    assert 1 / risk.hazard("c") > 600.0  # not 30 s: the fleet's rate starts from none in an hour
+    assert risk.hazard("a") > risk.hazard("c")
 
 
 def test_over_selection_follows_predicted_risk():

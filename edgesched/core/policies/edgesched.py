@@ -16,8 +16,8 @@ that may learn it in the run:
 - **Streaming** (devices not held). Every free device is planned the moment it is free, up to
   `clients-per-round x max-overselect` jobs in flight, each sized to the deadline taken over the
   whole online fleet, so jobs sent at different moments still finish about as long after they
-  start (equal finish, in continuous time). The server steps once the pace's share of
-  `clients-per-round` updates is in (at most one per device: a device whose update waits for the
+  start (equal finish, in continuous time). The server steps once `clients-per-round` updates
+  are in (at most one per device: a device whose update waits for the
   step is held; never more than the devices online); at once when no job that could still count
   is out, so that no device waits for a step nobody else can bring; once two deadlines have
   passed since the last step, with `min_round_share` of them; and after the round timeout with
@@ -48,12 +48,12 @@ Pacer = FixedPacer | LearnedPacer
 
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float,
-                 pacer: Pacer | None = None) -> None:
+                 pacer: Pacer) -> None:
         self.scheduler = scheduler
         self.round_timeout = round_timeout
         self.min_round_share = min_round_share
-        self.pacer = pacer or FixedPacer(ROUNDS)
-        self.pace: Pace = ROUNDS
+        self.pacer = pacer
+        self.pace: Pace = ROUNDS  # until the first step chooses
         self._step = 0
         self._began = self._give_up = self._settle = 0.0
         self._round_end: float | None = None  # rounds: set once the round is planned
@@ -129,10 +129,9 @@ class EdgeschedPolicy:
         return math.ceil(plan.target_updates * plan.max_overselect)
 
     def _step_size(self) -> int:
-        """Streaming: the updates a step waits for; never more than devices are online (each
-        brings one a step)."""
-        wanted = math.ceil(self.pace.step_share * self.scheduler.config.plan.target_updates)
-        return max(1, min(wanted, self._online))
+        """Streaming: the updates a step waits for, `clients-per-round`; never more than devices
+        are online (each brings one a step)."""
+        return max(1, min(self.scheduler.config.plan.target_updates, self._online))
 
     def _stuck(self, jobs: Mapping[str, Job], now: float) -> set[str]:
         """Devices whose one job in flight has been out longer than the round timeout, while no
