@@ -5,6 +5,7 @@ Flower app a run is submitted as: what a federation of real processes on loopbac
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -20,10 +21,13 @@ class Processes:
         self.folder, self.env = folder, env
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, *cmd: str | Path, **env: str) -> subprocess.Popen:
+    def start(self, name: str, *cmd: str | Path, user: str | None = None, cwd: Path | None = None,
+              **env: str) -> subprocess.Popen:
+        """`user`: run as that user, with its own group only (as a systemd unit's `User=`)."""
         log = (self.folder / f"{name}.log").open("wb")
+        as_user = {} if user is None else {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
         self.procs[name] = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
-                                            env={**self.env, **env}, start_new_session=True)
+                                            env={**self.env, **env}, start_new_session=True, cwd=cwd, **as_user)
         return self.procs[name]
 
     def kill(self, name: str) -> None:

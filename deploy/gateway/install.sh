@@ -3,6 +3,7 @@
 #
 #   sudo deploy/gateway/install.sh [--dry-run] [--host NAME] [--prefix /opt/edgesched]
 #   sudo deploy/gateway/install.sh --broker-files      after enrolling a board
+#   sudo deploy/gateway/install.sh --root DIR          the files only, under DIR as if it were /
 #
 #   --dry-run       print every command instead of running it; changes nothing (no root needed)
 #   --host          the name the boards dial, in the gateway's certificate (default: this host's
@@ -12,6 +13,10 @@
 #                   enrolled board) and reload the broker if it runs
 #   --certs DIR, --broker-dir DIR   where make-certs.sh keeps the fleet's keys and where the
 #                   broker reads its files (defaults /etc/edgesched/certs, /etc/mosquitto/conf.d/edgesched)
+#   --root DIR      put every file (keys, modes, gateway.env, units) under DIR as if it were /
+#                   (the paths inside them are the target's), make the users, and install no
+#                   packages, no venv and start nothing: for an image being built, or a test
+#                   bench (tests/deploy follows docs/deploy.md this way)
 #
 # Makes the system user `edgesched`, a venv with edgesched's server extra and CPU torch, the
 # fleet's CA and the gateway's certificate (deploy/make-certs.sh, unless they exist), the
@@ -30,9 +35,9 @@ BROKER_ONLY=0
 HOST="$(hostname -s 2>/dev/null || echo gateway).local"
 PREFIX=/opt/edgesched
 TORCH_VERSION=2.13.0
-CERTS=/etc/edgesched/certs
-BROKER=/etc/mosquitto/conf.d/edgesched
-FLWR_HOME=/var/lib/edgesched/flwr
+ROOT=""
+CERTS=""
+BROKER=""
 
 # shellcheck source=SCRIPTDIR/../lib.sh
 source "$HERE/../lib.sh"
@@ -56,12 +61,19 @@ while [[ $# -gt 0 ]]; do
     --broker-files) BROKER_ONLY=1 ;;
     --certs) CERTS=${2:?--certs needs a folder}; shift ;;
     --broker-dir) BROKER=${2:?--broker-dir needs a folder}; shift ;;
-    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --root) ROOT=$(realpath -m "${2:?--root needs a folder}"); shift ;;
+    -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
     esac
     shift
 done
 [[ $DRY_RUN == 1 || $(id -u) == 0 ]] || die "run as root (sudo), or with --dry-run"
+ETC=$ROOT/etc/edgesched
+STATE=$ROOT/var/lib/edgesched
+FLWR_HOME=$STATE/flwr
+CERTS=${CERTS:-$ETC/certs}
+BROKER=${BROKER:-$ROOT/etc/mosquitto/conf.d/edgesched}
+
 
 # Mosquitto starts as the `mosquitto` user and reads its files as that user.
 broker_files() {
@@ -75,27 +87,27 @@ broker_files() {
 
 if [[ $BROKER_ONLY == 1 ]]; then
     broker_files
-    if systemctl is-active --quiet edgesched-mosquitto.service 2>/dev/null; then
+    if [[ -z $ROOT ]] && systemctl is-active --quiet edgesched-mosquitto.service 2>/dev/null; then
         run systemctl reload edgesched-mosquitto.service
     fi
     exit 0
 fi
 
 echo "installing an edgesched gateway for boards dialling $HOST$([[ $DRY_RUN == 1 ]] && echo ' (dry run)')"
-run apt-get update -qq
-run apt-get install -y -qq mosquitto mosquitto-clients python3-venv openssl openssh-client
-run systemctl disable --now mosquitto.service   # the distribution's broker: edgesched-mosquitto takes port 8883
+system apt-get update -qq
+system apt-get install -y -qq mosquitto mosquitto-clients python3-venv openssl openssh-client
+system systemctl disable --now mosquitto.service   # the distribution's broker: edgesched-mosquitto takes port 8883
 id -u edgesched >/dev/null 2>&1 || run useradd --system --home-dir /var/lib/edgesched --shell /usr/sbin/nologin edgesched
-run install -d -m 0750 -o root -g edgesched /etc/edgesched /etc/edgesched/apps
+run install -d -m 0750 -o root -g edgesched "$ETC" "$ETC/apps"
 run install -d -m 0750 -o root -g root "$CERTS"
-run install -d -m 0750 -o edgesched -g edgesched /var/lib/edgesched "$FLWR_HOME"
+run install -d -m 0750 -o edgesched -g edgesched "$STATE" "$FLWR_HOME"
 
-run python3 -m venv "$PREFIX/venv"
-run "$PREFIX/venv/bin/pip" install --quiet --upgrade pip
-run "$PREFIX/venv/bin/pip" install --quiet "torch==$TORCH_VERSION"
-run "$PREFIX/venv/bin/pip" install --quiet "${SOURCE}[server]"
-run install -d "$PREFIX/docs"
-run cp -r "$SOURCE/docs/." "$PREFIX/docs/"   # the units' Documentation=
+system python3 -m venv "$PREFIX/venv"
+system "$PREFIX/venv/bin/pip" install --quiet --upgrade pip
+system "$PREFIX/venv/bin/pip" install --quiet "torch==$TORCH_VERSION"
+system "$PREFIX/venv/bin/pip" install --quiet "${SOURCE}[server]"
+system install -d "$PREFIX/docs"
+system cp -r "$SOURCE/docs/." "$PREFIX/docs/"   # the units' Documentation=
 
 [[ -e $CERTS/ca.key ]] || run "$SOURCE/deploy/make-certs.sh" --dir "$CERTS" ca
 [[ -e $CERTS/gateway.crt ]] || run "$SOURCE/deploy/make-certs.sh" --dir "$CERTS" gateway "$HOST"
@@ -104,11 +116,11 @@ run chmod 0640 "$CERTS/gateway.key"
 
 broker_files
 
-if [[ ! -e /etc/edgesched/gateway.env ]]; then
+if [[ ! -e $ETC/gateway.env ]]; then
     password="<from $CERTS/gateway.password>"
     if [[ $DRY_RUN == 0 ]]; then password=$(cat "$CERTS/gateway.password"); fi
     sed "s|^EDGESCHED_MQTT_PASSWORD=.*|EDGESCHED_MQTT_PASSWORD=$password|" "$HERE/gateway.env" \
-        | write /etc/edgesched/gateway.env 0600 root:root
+        | write "$ETC/gateway.env" 0600 root:root
 fi
 write "$FLWR_HOME/config.toml" 0640 edgesched:edgesched <<EOF
 [superlink]
@@ -116,12 +128,13 @@ default = "gateway"
 
 [superlink.gateway]
 address = "127.0.0.1:9093"
-root-certificates = "$CERTS/ca.crt"
+root-certificates = "${CERTS#"$ROOT"}/ca.crt"
 EOF
 
+run install -d "$ROOT/etc/systemd/system"
 for unit in "$HERE"/*.service; do
-    run install -m 0644 "$unit" "/etc/systemd/system/$(basename "$unit")"
+    run install -m 0644 "$unit" "$ROOT/etc/systemd/system/$(basename "$unit")"
 done
-run systemctl daemon-reload
-run systemctl enable --now edgesched-mosquitto.service flower-superlink.service edgesched-fleet-gate.service
+system systemctl daemon-reload
+system systemctl enable --now edgesched-mosquitto.service flower-superlink.service edgesched-fleet-gate.service
 echo "done: enrol boards with deploy/make-certs.sh device ID (docs/deploy.md, step 2)"
