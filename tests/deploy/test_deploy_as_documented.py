@@ -168,11 +168,15 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture
 def bench() -> Iterator[Path]:
-    """A folder every user can pass through (pytest's own temp folder is root's alone)."""
+    """A folder every user can pass through (pytest's own temp folder is root's alone); the
+    `edgesched` user the installs make is removed after, unless it was there before."""
     folder = Path(tempfile.mkdtemp(prefix="edgesched-deploy-", dir="/tmp"))
     folder.chmod(0o755)
+    had_user = subprocess.run(["id", "-u", "edgesched"], capture_output=True).returncode == 0
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+    if not had_user:
+        subprocess.run(["userdel", "edgesched"], capture_output=True)
 
 
 def test_the_documented_deployment_trains_boards_on_their_own_data_while_one_dies_and_one_slows(bench):
