@@ -466,6 +466,24 @@ def gate(
     serve(listen, superlink, str(certfile), str(keyfile), str(ca_file) if ca_file else None)
 
 
+@app.command()
+def submit(
+    app_dir: Annotated[Path, typer.Argument(metavar="APP", help="The Flower app's folder (its pyproject.toml "
+                                                              "names edgesched's apps and the run's settings).")],
+    superlink: Annotated[str | None, typer.Argument(help="A SuperLink named in $FLWR_HOME/config.toml "
+                                                         "(default: its default one).")] = None,
+) -> None:
+    """Start a run on the SuperLink and follow its log to the end; stopped (Ctrl-C, SIGTERM), stop
+    the run on the SuperLink too.
+
+    `flwr run --stream` leaves the run going when it is stopped; this is what
+    `edgesched-run@NAME` runs, so that stopping the unit stops the run. Exits 0 when the run
+    completed or was stopped from here, 1 when it failed or was stopped elsewhere."""
+    from edgesched.flower.submit import submit as run_app
+
+    run_app(app_dir, superlink)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors become one line on stderr and a non-zero exit code."""
     command = typer.main.get_command(app)
