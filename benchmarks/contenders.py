@@ -3,13 +3,14 @@
 Each run is a separate `edgesched simulate --fleet ...` process (on Ray, it starts clean each
 time; `--engine in-process` trains without Ray, with the same results) writing its own run
 directory; a run whose summary.json exists is not repeated, so an interrupted benchmark picks
-up where it stopped. The table gives, per fleet and dropout
-level, each contender's virtual time to two targets — the fleet's target accuracy and one
-5 points below it that every contender can reach — as mean ± standard deviation over the
-seeds that reached it, its speed-up over `fedavg` and its time relative to `oracle`; final
-accuracy after the fleet's rounds, and accuracy at equal virtual time (when the seed's first run
-ended: contenders whose rounds are short take more server steps in the same time); the clients
-whose data reached the model; compute (device-seconds, the energy proxy), traffic and rounds.
+up where it stopped. Every contender runs for the same virtual time (the fleet's
+`time_budget_s`, or `--time-budget`). The table gives, per fleet and dropout level, each
+contender's virtual time to two targets — 5 points below the fleet's target accuracy, and the
+target — as mean ± standard deviation over the seeds that reached it, with the fastest baseline's
+mean time over its own; its accuracy at a quarter, half and all of the budget; the share of its
+jobs lost, the median error of its predicted job times, its server steps, compute
+(device-seconds, the energy proxy), traffic and real seconds. Under the tables, the goals cell by
+cell: edgesched against the best baseline.
 
 Run folders are scratch; `--docs` keeps what the table needs. It merges every finished run under
 `--out` into docs/contenders-runs.jsonl (one line per fleet, dropout, contender and seed: the

