@@ -148,7 +148,9 @@ class RefusingGrid(LocalGrid):
 
 def test_a_message_flower_refuses_is_a_lost_job_not_a_crash():
     rounds = []
-    result = run_on_grid(RefusingGrid(NODE_CONFIGS), adaptive(rounds=2), lambda record, *_: rounds.append(record))
+    # Rounds: each plans all three nodes, so each counts the refused one (streaming steps per two).
+    result = run_on_grid(RefusingGrid(NODE_CONFIGS), adaptive(rounds=2, pace="rounds"),
+                         lambda record, *_: rounds.append(record))
     refused = [e for e in result.decisions if isinstance(e, Lost)]
     assert refused and all(e.device == "node-303" and "refused" in e.reason for e in refused)
     assert [r.round for r in rounds] == [1, 2] and all(r.replied == 2 and r.failed == 1 for r in rounds)
@@ -309,7 +311,9 @@ class SilentGrid(LocalGrid):
 def test_a_run_whose_every_board_is_stuck_stops_with_its_model_and_its_checkpoint(tmp_path):
     """No board can take work for a whole round timeout: the run stops with a reason, and what it
     trained is kept, as is its checkpoint (started again, it goes on once boards are back)."""
-    cfg = adaptive(rounds=4, **{"checkpoint-dir": str(tmp_path), "round-timeout": 3.0, "min-deadline": 0.5})
+    # In rounds, a round nobody can start ends the run; streaming, it steps on without updates.
+    cfg = adaptive(rounds=4, pace="rounds",
+                   **{"checkpoint-dir": str(tmp_path), "round-timeout": 3.0, "min-deadline": 0.5})
     result = run_gateway(SilentGrid(NODE_CONFIGS), cfg, lambda *_: None)
     assert result.stopped is not None and "no device could take work" in result.stopped
     # round 2 gave each silent board one more job beside its first; with two each out, none is left
