@@ -22,7 +22,6 @@ folder its command names, which is what the units' `User=edgesched` needs of the
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import pwd
@@ -44,6 +43,7 @@ from benchmarks.processes import wait_for as _wait
 from edgesched.broker import free_port
 
 from ..mqtt.brokers import MOSQUITTO
+from .test_federation_of_processes import assert_ended_with_a_model, rows
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="no mosquitto (make test installs it)"),
@@ -92,9 +92,9 @@ class Machine:
         for key, value in lines.items():
             text, n = re.subn(rf"(?m)^{key}([= ]).*$", lambda m, k=key, v=value: f"{k}{m.group(1)}{v}", text)
             assert n == 1, f"{file}: no single {key} line"
-        mode, st = path.stat().st_mode, path.stat()
+        st = path.stat()
         path.write_text(text)
-        path.chmod(mode)
+        path.chmod(st.st_mode)
         os.chown(path, st.st_uid, st.st_gid)
         return path
 
@@ -159,13 +159,6 @@ def _sh(*cmd: str | Path) -> str:
     return done.stdout
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    with path.open() as f:
-        return list(csv.DictReader(f))
-
-
 @pytest.fixture
 def bench() -> Iterator[Path]:
     """A folder every user can pass through (pytest's own temp folder is root's alone); the
@@ -212,7 +205,7 @@ def test_the_documented_deployment_trains_boards_on_their_own_data_while_one_die
         subprocess.run([*broker_unit.reload, str(broker.pid)], check=True)  # its ExecReload: kill -HUP $MAINPID
 
         # 3. Each board: its bundle installed, its own data in the documented layout, its units.
-        rows = (WINE / "wine.csv").read_text().splitlines()[1:]
+        wine = (WINE / "wine.csv").read_text().splitlines()[1:]
         boards, first = {}, 0
         for device, size in BOARDS.items():
             board = boards[device] = Machine(bench / device)
@@ -220,7 +213,7 @@ def test_the_documented_deployment_trains_boards_on_their_own_data_while_one_die
                 "--bundle", certs / "devices" / device)
             data = Path(board.path("/var/lib/edgesched/data"))
             data.mkdir()
-            (data / "data.csv").write_text("\n".join(rows[first:first + size]) + "\n")
+            (data / "data.csv").write_text("\n".join(wine[first:first + size]) + "\n")
             first += size
             board.edit("/etc/edgesched/device.env", SUPERLINK_PORT=str(fleet), MQTT_PORT=str(mqtt),
                        LOCAL_DATA="/var/lib/edgesched/data", AGENT_ARGS="--interval 1")  # the run's heartbeat-interval
@@ -242,7 +235,7 @@ def test_the_documented_deployment_trains_boards_on_their_own_data_while_one_die
             f'broker = "mqtts://gateway@localhost:{mqtt}"\nbroker-ca-file = "{certs / "ca.crt"}"\n'
             f'out-dir = "{out}"\ncheckpoint-dir = "{gateway.path("/var/lib/edgesched/checkpoints")}"\n')
         run = gateway.start(procs, "flwr-run", gateway.unit("edgesched-run@.service", "wine"))
-        _wait(lambda: len(_rows(out / "rounds.csv")) >= 1 or run.poll() is not None, 300, "round 1")
+        _wait(lambda: len(rows(out / "rounds.csv")) >= 1 or run.poll() is not None, 300, "round 1")
         killed_at = time.time()
         procs.kill("supernode-pi-c")
         procs.kill("agent-pi-c")
@@ -254,16 +247,12 @@ def test_the_documented_deployment_trains_boards_on_their_own_data_while_one_die
     finally:
         procs.stop_all()
 
-    rounds = _rows(out / "rounds.csv")
-    assert [int(r["round"]) for r in rounds] == [1, 2, 3], rounds
-    assert float(rounds[-1]["accuracy"]) > 0.7, rounds  # three cultivars: chance is a third
-    assert int(rounds[-1]["replied"]) >= 1 and (out / "model.npz").stat().st_size > 0
+    assert_ended_with_a_model(out, 0.7)  # three cultivars: chance is a third
     assert all(f"round {r}: accuracy" in log for r in (1, 2, 3)), log[-3000:]  # the operator follows it
-    jobs = _rows(out / "jobs.csv")
+    jobs = rows(out / "jobs.csv")
     assert {j["device_id"] for j in jobs} == set(BOARDS), jobs  # every board trained before the faults
     assert {j["device_id"] for j in jobs if int(j["round"]) >= 2} >= {"pi-a"}
     decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
     assert not [d for d in decisions if d["kind"] == "outcome" and "refused" in d.get("reason", "")], decisions
     lost = [d for d in decisions if d["kind"] == "outcome" and d["outcome"] == "lost" and d["t"] >= killed_at]
     print("lost after the kill:", [(d["device"], d["reason"], round(d["t"] - killed_at, 1)) for d in lost])
-    print(f"final accuracy {float(rounds[-1]['accuracy']):.2%}")
