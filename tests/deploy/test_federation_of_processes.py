@@ -160,7 +160,16 @@ class Federation:
                                 "--port", str(free_port()), *args, **env)
 
     def submit(self, name: str = "flwr-run") -> subprocess.Popen:
-        return self.procs.start(name, BIN / "flwr", "run", self.folder / "app", "local", "--stream")
+        """`edgesched submit`, as the gateway's edgesched-run@ unit runs it: it follows the run to
+        its end on the SuperLink (a `flwr run --stream` log once ended while the run went on) and
+        names how a run that failed ended."""
+        return self.procs.start(name, sys.executable, "-m", "edgesched", "submit", self.folder / "app", "local")
+
+    def report(self, name: str) -> str:
+        """For a failed run: the end of its submitter's log and what the SuperLink said of it."""
+        link = [line for line in self.log("superlink").splitlines() if "uvicorn.access" not in line
+                and "[Fleet." not in line]
+        return "\n".join([self.log(name)[-3000:], "--- superlink:", *link[-25:]])
 
     def power_off(self, device: str) -> float:
         """The board dies: its SuperNode (with any ClientApp it started) and its agent, SIGKILLed;
@@ -252,7 +261,7 @@ def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a
         _wait(lambda: fed.flwr("supernode", "list") is not None, 60, "the rebooted SuperLink answering")
         again = fed.submit("flwr-run-again")
         _wait(lambda: again.poll() is not None, 600, "the end of the resumed run")
-        assert (fed.out / "summary.json").exists(), fed.log("flwr-run-again")[-3000:]
+        assert (fed.out / "summary.json").exists(), fed.report("flwr-run-again")
     assert_ended_with_a_model(fed.out)  # trained on after the outage and the server's restart
     assert fed.assert_dropped_through_mqtt(victim, killed_at) == 1  # its job, dropped within seconds
 
@@ -276,8 +285,8 @@ def test_thirty_percent_of_the_boards_die_at_random_during_rounds_and_the_run_co
             assert run.poll() is None and len(fed.rounds()) < 3, "the run ended before the kills"
             killed[victim] = fed.power_off(victim)
         _wait(lambda: run.poll() is not None, 600, "the end of the run")
-        assert (fed.out / "summary.json").exists(), fed.log("flwr-run")[-3000:]
-    # The operator follows the run: a line per round reaches `flwr run --stream`.
+        assert (fed.out / "summary.json").exists() and run.returncode == 0, fed.report("flwr-run")
+    # The operator follows the run: a line per round reaches its log.
     assert all(f"round {r}: accuracy" in fed.log("flwr-run") for r in (1, 2, 3)), fed.log("flwr-run")[-3000:]
     assert_ended_with_a_model(fed.out)
     in_flight = sum(fed.assert_dropped_through_mqtt(v, t) for v, t in killed.items())
