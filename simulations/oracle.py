@@ -11,9 +11,12 @@ job and not a shorter one.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+
+import numpy as np
 
 from edgesched.core.clock import Clock
-from edgesched.core.predict import Prediction, Predictor
+from edgesched.core.predict import Predictions, Predictor
 from edgesched.core.risk import DropoutModel, RiskConfig
 from edgesched.core.telemetry import Heartbeat
 from edgesched.simulations.devices import Job, VirtualFleet
@@ -54,9 +57,12 @@ class OraclePredictor(Predictor):
         super().__init__(model_bytes)
         self._foresight = foresight
 
-    def predict(self, device: str, hb: Heartbeat | None = None, board: str | None = None) -> Prediction:
-        job = self._foresight.job(device)
-        return Prediction(job.compute_s / max(self._foresight.samples(device), 1), job.download_s + job.upload_s, 0.0)
+    def predict_all(self, devices: Sequence[str], heartbeats: Sequence[Heartbeat | None],
+                    boards: Sequence[str | None]) -> Predictions:
+        jobs = [self._foresight.job(device) for device in devices]
+        sizes = [max(self._foresight.samples(device), 1) for device in devices]
+        return Predictions(np.array([job.compute_s / size for job, size in zip(jobs, sizes, strict=True)]),
+                           np.array([job.download_s + job.upload_s for job in jobs]), np.zeros(len(jobs)))
 
     def slowdown(self, device: str, hb: Heartbeat | None) -> float:
         return 1.0  # the true times already include the device's load and heat
@@ -72,5 +78,6 @@ class OracleRisk(DropoutModel):
         super().__init__(RiskConfig(battery_reserve=battery_reserve))
         self._foresight = foresight
 
-    def risk(self, device: str, job_seconds: float, hb: Heartbeat | None, fleet_rate: float | None = None) -> float:
-        return 0.0 if self._foresight.job(device).delivers else 1.0
+    def risks(self, devices: Sequence[str], job_seconds: np.ndarray, heartbeats: Sequence[Heartbeat | None],
+              hazards: np.ndarray | None = None) -> np.ndarray:
+        return np.array([0.0 if self._foresight.job(device).delivers else 1.0 for device in devices])

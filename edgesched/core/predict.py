@@ -17,7 +17,10 @@ devices already learned.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,8 +47,20 @@ class PredictorConfig:
     learn: bool = True  # False: class priors only; neither jobs nor reported speeds teach (an ablation)
 
 
-@dataclass(frozen=True)
-class Prediction:
+class Predictions(NamedTuple):
+    """Many devices' predictions as aligned arrays."""
+
+    seconds_per_sample: np.ndarray
+    transfer_s: np.ndarray
+    log_sd: np.ndarray
+
+    def at(self, i: int) -> Prediction:
+        return Prediction(float(self.seconds_per_sample[i]), float(self.transfer_s[i]), float(self.log_sd[i]))
+
+
+class Prediction(NamedTuple):
+    """A device's predicted job time. A tuple: a plan makes one per registered device."""
+
     seconds_per_sample: float  # expected compute per sample under the current slowdown
     transfer_s: float  # expected download + upload
     log_sd: float  # spread of the job-time error, in log space
@@ -63,6 +78,13 @@ class _Learned:
     jobs: int = 0
     max_freq_mhz: float = 0.0
     tested_sps: float | None = None  # seconds per sample from the agent's speed test
+
+
+_UNSEEN = _Learned()  # read-only: what is known of a device before anything is
+_READINGS = ("cpu_percent", "cpu_freq_mhz", "throttled", "train_samples_per_s", "rtt_ms")
+_LEARNED = ("max_freq_mhz", "tested_sps", "log_sps", "log_transfer", "err_var")
+# Read for a device without a heartbeat: no load, no clock, a link of unknown kind.
+_SILENT = Heartbeat("silent", 0, 0, 0.0, cpu_percent=0.0, load1=0.0, mem_available_mb=0.0, mem_total_mb=0.0)
 
 
 def slowdown(hb: Heartbeat | None, max_freq_mhz: float = 0.0) -> float:
@@ -92,7 +114,16 @@ class Predictor:
         self._median_sps: float | None = None  # cached until the next observation
 
     def _get(self, device: str) -> _Learned:
-        return self._devices.setdefault(device, _Learned())
+        """The device's learned state, to update (made on first use)."""
+        learned = self._devices.get(device)
+        if learned is None:
+            learned = self._devices[device] = _Learned()
+        return learned
+
+    def _seen(self, device: str) -> _Learned:
+        """The device's learned state, to read: planning reads every registered device each
+        round, and an unseen one's defaults need neither a new object nor a place in the table."""
+        return self._devices.get(device, _UNSEEN)
 
     def note_heartbeat(self, device: str, hb: Heartbeat) -> None:
         learned = self._get(device)
@@ -104,28 +135,49 @@ class Predictor:
         self._get(device).tested_sps = TRAIN_OVER_INFER / infer_samples_per_s
 
     def slowdown(self, device: str, hb: Heartbeat | None) -> float:
-        return slowdown(hb, self._get(device).max_freq_mhz)
+        return slowdown(hb, self._seen(device).max_freq_mhz)
 
     def predict(self, device: str, hb: Heartbeat | None = None, board: str | None = None) -> Prediction:
-        learned = self._get(device)
+        return self.predict_all([device], [hb], [board]).at(0)
+
+    def predict_all(self, devices: Sequence[str], heartbeats: Sequence[Heartbeat | None],
+                    boards: Sequence[str | None]) -> Predictions:
+        """`predict` for many devices at once, as arrays: a plan predicts every registered
+        device, 100,000 on a large fleet, so the work per device is gathering its numbers."""
         c = self.config
-        if learned.log_sps is not None:
-            sps = math.exp(learned.log_sps)
-        elif c.learn and hb is not None and hb.train_samples_per_s:
-            sps = 1.0 / hb.train_samples_per_s  # measured by the device, already under its load
-            sps /= self.slowdown(device, hb)
-        elif c.learn and learned.tested_sps is not None:
-            sps = learned.tested_sps  # timed while idle: its own speed, slowdown applied below
-        else:
-            sps = self.class_sps[board] if board in self.class_sps else self._fleet_median_sps()
-        if learned.log_transfer is not None:
-            transfer = math.exp(learned.log_transfer)
-        else:
-            kbps = LINK_PRIOR_KBPS[hb.net_type if hb is not None else "unknown"]
-            rtt = (hb.rtt_ms or 0.0) / 1000.0 if hb is not None else 0.0
-            transfer = 2 * (rtt + self.model_bytes / (kbps * 1000.0))
-        sd = math.sqrt(learned.err_var) if learned.err_var is not None else c.prior_log_sd
-        return Prediction(sps * self.slowdown(device, hb), transfer, min(max(sd, c.min_log_sd), c.max_log_sd))
+        get = self._devices.get
+        hbs = [hb if hb is not None else _SILENT for hb in heartbeats]
+        seen = [get(device, _UNSEEN) for device in devices]
+
+        def column(rows: Sequence[object], name: str) -> np.ndarray:
+            values = map(attrgetter(name), rows)
+            return np.fromiter((math.nan if v is None else v for v in values), np.float64, len(rows))
+
+        cpu, freq, throttled, reported, rtt = (column(hbs, name) for name in _READINGS)
+        top, tested, log_sps, log_transfer, err_var = (column(seen, name) for name in _LEARNED)
+        # slowdown(), for every device: other work's share of the CPU, then the clock
+        factor = 1.0 / (1.0 - np.minimum(cpu / 100.0, 0.9))
+        clocked = (freq > 0) & (top > freq)
+        factor[clocked] *= top[clocked] / freq[clocked]
+        factor[~(freq > 0) & (throttled > 0)] *= 1.5
+        # seconds per sample, from the best source each device has
+        sps = np.array([self.class_sps.get(b, math.nan) if b is not None else math.nan for b in boards])
+        if np.isnan(sps).any():
+            sps[np.isnan(sps)] = self._fleet_median_sps()
+        if c.learn:
+            sps = np.where(np.isnan(tested), sps, tested)
+            measured = reported > 0  # already under the device's load
+            sps[measured] = 1.0 / reported[measured] / factor[measured]
+        learned = ~np.isnan(log_sps)
+        sps[learned] = np.exp(log_sps[learned])
+        # transfer: learned, else the link's prior speed and round trip
+        kbps = np.array([LINK_PRIOR_KBPS[hb.net_type] for hb in hbs])
+        transfer = 2 * (np.nan_to_num(rtt) / 1000.0 + self.model_bytes / (kbps * 1000.0))
+        known = ~np.isnan(log_transfer)
+        transfer[known] = np.exp(log_transfer[known])
+        sd = np.sqrt(err_var)
+        sd[np.isnan(sd)] = c.prior_log_sd
+        return Predictions(sps * factor, transfer, np.clip(sd, c.min_log_sd, c.max_log_sd))
 
     def observe(self, device: str, predicted: Prediction, samples: int, compute_s: float, total_s: float,
                 factor: float) -> float:
@@ -162,7 +214,7 @@ class Predictor:
             learned.err_var = max(learned.err_var or 0.0, (floor - learned.log_sps) ** 2)
 
     def jobs_seen(self, device: str) -> int:
-        return self._get(device).jobs
+        return self._seen(device).jobs
 
     def _fleet_median_sps(self) -> float:
         if self._median_sps is None:

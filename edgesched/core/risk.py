@@ -1,4 +1,4 @@
-"""Dropout risk: the probability that a job given to a device never comes back (numpy-free).
+"""Dropout risk: the probability that a job given to a device never comes back (numpy only).
 
 Three causes, combined as independent:
 - the device's own record: a Beta posterior of lost jobs, shrunk toward the fleet's pooled
@@ -13,8 +13,10 @@ Three causes, combined as independent:
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from edgesched.core.telemetry import Heartbeat
 
@@ -38,15 +40,27 @@ class _Record:
     seen_at: float | None = None
 
 
+_UNSEEN = _Record()  # read-only: the record of a device never seen
+
+
 class DropoutModel:
     def __init__(self, config: RiskConfig | None = None) -> None:
         self.config = config or RiskConfig()
         self._records: dict[str, _Record] = {}
         self._online_s = 0.0  # the fleet's, summed
         self._departures = 0
+        self._jobs = self._lost = 0.0  # the fleet's, summed
 
     def _get(self, device: str) -> _Record:
-        return self._records.setdefault(device, _Record())
+        """The device's record, to update (made on first use)."""
+        record = self._records.get(device)
+        if record is None:
+            record = self._records[device] = _Record()
+        return record
+
+    def _seen(self, device: str) -> _Record:
+        """The device's record, to read; an unseen device's is empty and not stored."""
+        return self._records.get(device, _UNSEEN)
 
     def note_presence(self, device: str, online: bool, now: float, busy: bool = False) -> None:
         """Feed the registry's view at `now`: time online between jobs and departures accumulate.
@@ -67,37 +81,50 @@ class DropoutModel:
         r = self._get(device)
         r.jobs += 1
         r.lost += float(lost)
+        self._jobs += 1
+        self._lost += float(lost)
 
     def fleet_rate(self) -> float:
         """Pooled per-job loss rate, with a weak prior of 10 % before any job ended."""
-        jobs = sum(r.jobs for r in self._records.values())
-        lost = sum(r.lost for r in self._records.values())
-        return (lost + 0.5) / (jobs + 5.0)
+        return (self._lost + 0.5) / (self._jobs + 5.0)
 
     def hazard(self, device: str) -> float:
         """The device's departures per online second between jobs, shrunk toward the fleet's."""
+        return self.hazards([device])[0]
+
+    def hazards(self, devices: Iterable[str]) -> list[float]:
+        """`hazard` of each device: planning asks it of every registered device each round."""
         if not self.config.churn:
-            return 0.0
+            return [0.0 for _ in devices]
         # The fleet's rate itself starts from none seen in `prior_online_s`: on a gateway, boards
         # idle only seconds between jobs, and two departures in the first minute of idle time
         # must not read as a fleet whose boards stay half a minute.
         prior = self.config.prior_online_s
         fleet_hazard = self._departures / (self._online_s + prior)
-        r = self._get(device)
-        return (r.departures + prior * fleet_hazard) / (r.online_s + prior)
+        get = self._records.get
+        records = [get(device, _UNSEEN) for device in devices]
+        return [(r.departures + prior * fleet_hazard) / (r.online_s + prior) for r in records]
 
-    def risk(self, device: str, job_seconds: float, hb: Heartbeat | None, fleet_rate: float | None = None) -> float:
+    def risk(self, device: str, job_seconds: float, hb: Heartbeat | None) -> float:
+        return float(self.risks([device], np.array([job_seconds]), [hb])[0])
+
+    def risks(self, devices: Sequence[str], job_seconds: np.ndarray, heartbeats: Sequence[Heartbeat | None],
+              hazards: np.ndarray | None = None) -> np.ndarray:
+        """`risk` of each device for a job of `job_seconds` (`hazards`: already known; a plan
+        computes them once for every registered device)."""
         c = self.config
-        r = self._get(device)
-        base = fleet_rate if fleet_rate is not None else self.fleet_rate()
-        p_job = (r.lost + c.prior_strength * base) / (r.jobs + c.prior_strength)
-        p_leave = 1.0 - math.exp(-self.hazard(device) * job_seconds)
-        p_state = 0.0
-        if hb is not None:
-            if hb.battery_percent is not None and not hb.charging and hb.battery_percent < c.battery_reserve:
-                p_state = max(p_state, 0.5)
-            if hb.throttled:
-                p_state = max(p_state, 0.1)
-            if hb.rtt_ms is not None and hb.rtt_ms > c.slow_rtt_ms:
-                p_state = max(p_state, 0.1)
-        return 1.0 - (1.0 - p_job) * (1.0 - p_leave) * (1.0 - p_state)
+        get = self._records.get
+        records = [get(device, _UNSEEN) for device in devices]
+        lost = np.array([r.lost for r in records], dtype=np.float64)
+        jobs = np.array([r.jobs for r in records], dtype=np.float64)
+        p_job = (lost + c.prior_strength * self.fleet_rate()) / (jobs + c.prior_strength)
+        rate = np.asarray(self.hazards(devices) if hazards is None else hazards, dtype=np.float64)
+        p_leave = 1.0 - np.exp(-rate * job_seconds)
+        flat = [hb is not None and hb.battery_percent is not None and not hb.charging
+                and hb.battery_percent < c.battery_reserve for hb in heartbeats]
+        hot = [hb is not None and bool(hb.throttled) for hb in heartbeats]
+        slow_link = [hb is not None and hb.rtt_ms is not None and hb.rtt_ms > c.slow_rtt_ms for hb in heartbeats]
+        strained = np.array(hot, dtype=bool) | np.array(slow_link, dtype=bool)
+        p_state = np.maximum(np.where(np.array(flat, dtype=bool), 0.5, 0.0), np.where(strained, 0.1, 0.0))
+        risk: np.ndarray = 1.0 - (1.0 - p_job) * (1.0 - p_leave) * (1.0 - p_state)
+        return risk

@@ -127,6 +127,10 @@ class UpdateGuard:
     def quarantined(self, device: str, now: float) -> bool:
         return self._quarantine.get(device, -math.inf) > now
 
+    def held(self, now: float) -> set[str]:
+        """The devices quarantined at `now`."""
+        return {device for device, until in self._quarantine.items() if until > now}
+
 
 def _norm(tensors: Sequence[np.ndarray]) -> float:
     return math.sqrt(sum(float(np.sum(np.square(t, dtype=np.float64))) for t in tensors))
