@@ -10,6 +10,11 @@
    so both do the same work; the ratio of seconds per round is the virtual path's overhead.
 
     python -m benchmarks.fleet_scale [--rounds 6]
+
+A fleet larger than the data set, with the adaptive scheduler planning each round:
+
+    python -m benchmarks.fleet_scale --devices 100000 --per-round 1000 --rounds 3 \
+        --partitioner sampled --strategy edgesched --scheduler "pace=rounds"
 """
 
 from __future__ import annotations
@@ -29,11 +34,11 @@ FLEET = """name = "scale-{n}"
 target_accuracy = 0.85
 [data]
 dataset = "fmnist"
-partitioner = "dirichlet-balanced"
+partitioner = "{partitioner}"
 alpha = 0.3
 [training]
 rounds = {rounds}
-clients_per_round = 100
+clients_per_round = {per_round}
 round_timeout_s = 3600
 [dynamics]
 dropout = 0.0
@@ -72,19 +77,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per run (default 6)")
     parser.add_argument("--devices", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--per-round", type=int, default=100, help="devices training per round (default 100)")
+    parser.add_argument("--partitioner", default="dirichlet-balanced",
+                        help="sampled for fleets larger than Fashion-MNIST's 60,000 images")
+    parser.add_argument("--strategy", default="fedavg", help="fedavg (default) or edgesched, with --scheduler")
+    parser.add_argument("--scheduler", default="", help='edgesched\'s settings, e.g. "pace=rounds"')
     args = parser.parse_args()
     figures: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         for n in args.devices:
             fleet = tmp / f"scale-{n}.toml"
-            fleet.write_text(FLEET.format(n=n, rounds=args.rounds))
+            fleet.write_text(FLEET.format(n=n, rounds=args.rounds, per_round=args.per_round,
+                                          partitioner=args.partitioner))
             out = tmp / f"fleet-{n}"
-            peak = run_measured(["simulate", "--fleet", str(fleet), "--strategy", "fedavg", "--out", str(out)])
+            settings = ["--scheduler", args.scheduler] if args.scheduler else []
+            peak = run_measured(["simulate", "--fleet", str(fleet), "--strategy", args.strategy, *settings,
+                                 "--out", str(out)])
             summary = json.loads((out / "summary.json").read_text())
             figures[f"fleet_{n}"] = {"seconds_per_round": round(seconds_per_round(out), 2),
                                      "peak_rss_mb": round(peak), "final_accuracy": summary["final_accuracy"]}
             print(n, figures[f"fleet_{n}"], flush=True)
+        if 100 not in args.devices or args.per_round != 100:
+            print(json.dumps(figures, indent=2))
+            return
         plain = tmp / "plain-100"
         peak = run_measured(["simulate", "--clients", "100", "--partitioner", "dirichlet-balanced", "--alpha", "0.3",
                              "--fraction-train", "1.0", "--rounds", str(args.rounds), "--out", str(plain)])

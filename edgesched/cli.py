@@ -76,7 +76,8 @@ def simulate(
     ))] = None,
     out: Annotated[Path | None, Opt(help="Run directory. Default: runs/DATASET-DATE-TIME.")] = None,
     partitioner: Annotated[str | None, Opt(help=(
-        "iid, dirichlet (label skew), dirichlet-balanced (label skew, equal sizes) or natural (by user). "
+        "iid, dirichlet (label skew), dirichlet-balanced (label skew, equal sizes), natural (by user) or "
+        "sampled (IID, shared when there are more clients than samples). "
         "Default: natural for hapt, dirichlet otherwise."
     ))] = None,
     alpha: Annotated[float, Opt(help="Dirichlet concentration: smaller is more skewed.")] = _DEFAULTS.data.alpha,

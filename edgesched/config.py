@@ -32,7 +32,7 @@ from edgesched.errors import ConfigError
 DATASETS = ("fmnist", "hapt", "digits")  # the shipped tasks (edgesched.tasks)
 # A user's own task: `package.module:attribute`, or `/path/to/file.py:attribute`.
 TASK_PATH = r"([\w.]+|[^:]+\.py):([A-Za-z_]\w*)"
-PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural")
+PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural", "sampled")
 ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines updates
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
 PACE_CHOICES = ("learned", *PACES)  # the adaptive scheduler's pace (edgesched.core.pace)

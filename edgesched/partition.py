@@ -1,4 +1,5 @@
-"""Split a training set among federated clients: IID, Dirichlet label skew, or natural groups.
+"""Split a training set among federated clients: IID, Dirichlet label skew, natural groups, or
+IID samples shared by a fleet larger than the data set.
 
 All splits are functions of their inputs and a seeded `numpy.random.Generator`, so a seed
 gives the same split in the server process and in every simulation worker.
@@ -87,6 +88,21 @@ def dirichlet_balanced(labels: np.ndarray, num_partitions: int, alpha: float,
     return parts
 
 
+SAMPLED_SHARE = 32  # the least a `sampled` client holds: one batch
+
+
+def sampled(num_samples: int, num_partitions: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """IID shares of `num_samples // num_partitions` samples, at least `SAMPLED_SHARE`, dealt
+    from successive shuffles of the whole set: a fleet larger than the data set (100,000
+    virtual phones on 60,000 images) still trains, its devices sharing samples."""
+    if num_partitions < 1:
+        raise ConfigError(f"clients must be at least 1, got {num_partitions}")
+    share = max(num_samples // num_partitions, min(SAMPLED_SHARE, num_samples))
+    rounds = -(-num_partitions * share // num_samples)
+    dealt = np.concatenate([rng.permutation(num_samples) for _ in range(rounds)])
+    return [np.sort(part) for part in dealt[:num_partitions * share].reshape(num_partitions, share)]
+
+
 def natural(groups: np.ndarray) -> list[np.ndarray]:
     """One partition per group (e.g. per user), in sorted group order."""
     return [np.flatnonzero(groups == g) for g in np.unique(groups)]
@@ -108,6 +124,8 @@ def partition(
         return dirichlet(labels, num_partitions, alpha, rng)
     if scheme == "dirichlet-balanced":
         return dirichlet_balanced(labels, num_partitions, alpha, rng)
+    if scheme == "sampled":
+        return sampled(len(labels), num_partitions, rng)
     if scheme == "natural":
         if groups is None:
             raise ConfigError("partitioner 'natural' needs a data set with groups (hapt)")

@@ -25,6 +25,7 @@ from edgesched.observe import FLEET_FILE
 from edgesched.plots import plot_accuracy, plot_decisions
 
 FLEET_EVERY_S = 1.0  # between steps, fleet.json is rewritten at most this often (wall clock)
+FLEET_COST_SHARE = 9.0  # ... and after a pause this many times as long as its last write took
 
 
 class RunRecorder:
@@ -56,7 +57,7 @@ class RunRecorder:
         self._job_csv = _CsvLog(out_dir / "jobs.csv", JobRecord, resume and resume["jobs.csv"])
         self._decisions: IO[str] | None = None  # decisions.jsonl, opened at the first decision
         self._decided = 0  # decisions written
-        self._fleet_at = -float("inf")  # when fleet.json was last written (monotonic)
+        self._fleet_at = -float("inf")  # when fleet.json may next be written between steps (monotonic)
         if resume and resume.get("decisions.jsonl"):
             self._decisions = open_log(out_dir / "decisions.jsonl", resume["decisions.jsonl"])
             with (out_dir / "decisions.jsonl").open() as f:
@@ -80,11 +81,14 @@ class RunRecorder:
     def write_fleet(self, record: Callable[[], dict[str, Any]], settled: bool = True) -> None:
         """fleet.json (edgesched.observe.fleet_record): after every step (`settled`) and, while
         one goes on, at most every FLEET_EVERY_S, so the fleet can be watched at a few seconds' lag
-        for the cost of one small file a second."""
+        for the cost of one small file a second. A large fleet's file costs more (100,000 devices:
+        28 MB, seconds to write): the pause after a write is then FLEET_COST_SHARE times longer
+        than the write took, so watching never takes more than a tenth of the run."""
         now = time.monotonic()
-        if settled or now - self._fleet_at >= FLEET_EVERY_S:
-            self._fleet_at = now
+        if settled or now >= self._fleet_at:
             atomic_write(self.out_dir / FLEET_FILE, json.dumps(record()).encode())
+            done = time.monotonic()
+            self._fleet_at = done + max(FLEET_EVERY_S, (done - now) * FLEET_COST_SHARE)
 
     def finish(self, weights: dict[str, np.ndarray], extra: dict[str, Any]) -> dict[str, Any]:
         np.savez(self.out_dir / "model.npz", **weights)

@@ -46,6 +46,7 @@ from edgesched.simulations.transport import Executors, VirtualTransport
 from edgesched.tasks import load_data, model_size
 
 IN_PROCESS = "in-process"
+CHECKPOINT_SHARE = 0.1  # checkpoints are written after a step while they have taken at most this share of the run
 
 
 def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
@@ -69,7 +70,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
               "dropout": spec.dynamics.dropout, "target-accuracy": spec.target_accuracy, "telemetry": broker}
     state: dict[str, Any] = {}
     resumed_after = resume.state.step if resume else None  # the engine's state moves on as the run goes
-    cost = {"checkpoint_seconds": 0.0, "checkpoint_bytes": 0}  # what checkpointing every round took
+    cost = {"checkpoint_seconds": 0.0, "checkpoint_bytes": 0}  # what writing checkpoints took
     if resume is None:
         fleet = VirtualFleet(spec, load_catalog(), size["model_macs_per_sample"], 4 * size["model_parameters"])
         registry = DeviceRegistry(RegistryConfig(fleet=spec.name, heartbeat_interval=spec.dynamics.heartbeat_s))
@@ -127,6 +128,8 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                     telemetry.sync()
                     events.flush()
                     recorder.add_decisions(policy.log)  # decisions.jsonl grows as the run goes
+                    if cost["checkpoint_seconds"] > CHECKPOINT_SHARE * (time.monotonic() - started):
+                        return  # a large fleet's checkpoint (seconds to write): not after every step
                     logs = {**recorder.offsets(), "events.jsonl": events.tell()}
                     checkpoint.save(out_dir, Checkpoint(spec, broker, at, policy, clock, transport.snapshot(), fleet,
                                                         telemetry, logs))

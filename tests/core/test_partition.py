@@ -95,3 +95,19 @@ def test_dirichlet_balanced_skew_follows_alpha():
     mild = _dominant_share(partition.dirichlet_balanced(labels, 20, 100.0, rng(1)), labels)
     skewed = _dominant_share(partition.dirichlet_balanced(labels, 20, 0.1, rng(1)), labels)
     assert mild < 0.3 < 0.6 < skewed
+
+
+def test_sampled_gives_a_fleet_larger_than_the_data_set_a_batch_each_with_every_sample_used():
+    parts = partition.partition(_labels(), None, "sampled", 500, 0.3, seed=1)  # 3,000 samples, 500 devices
+    assert len(parts) == 500 and {len(p) for p in parts} == {partition.SAMPLED_SHARE}
+    used = np.concatenate(parts)
+    assert used.min() >= 0 and used.max() < 3000
+    assert len(np.unique(used)) == 3000  # whole shuffles dealt: every sample is someone's
+    assert np.bincount(used).max() <= 6  # 16,000 shares over 3,000 samples: 5 or 6 each
+    again = partition.partition(_labels(), None, "sampled", 500, 0.3, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_sampled_with_fewer_devices_than_samples_deals_disjoint_equal_shares():
+    parts = partition.sampled(3000, 10, np.random.default_rng(0))
+    _assert_exact_cover(parts, 3000)

@@ -247,6 +247,29 @@ def test_predictor_separates_the_devices_speed_from_its_load():
     assert p.predict("d", busy).seconds_per_sample == pytest.approx(0.002, rel=0.02)
 
 
+def test_predicting_a_fleet_at_once_gives_each_device_what_it_is_given_alone():
+    """predict_all reads every device's sources column by column: each device in its row gets
+    the same as asked alone, whatever mix of sources the fleet has."""
+    p = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002, "phone": 0.006})
+    p.note_speed_test("tested", infer_samples_per_s=2500.0)
+    for _ in range(3):  # "learned" finished jobs under half load; "clocked" was seen at 1800 MHz
+        p.observe("learned", p.predict("learned", None, "pi"), 1000, 1.5, 2.0, factor=2.0)
+    p.note_heartbeat("clocked", hb("clocked", 0.0, cpu_freq_mhz=1800.0))
+    fleet = [("learned", hb("learned", 1.0, cpu_percent=50.0), "pi"), ("tested", None, "pi"),
+             ("reported", hb("reported", 1.0, train_samples_per_s=300.0, cpu_percent=20.0), "phone"),
+             ("clocked", hb("clocked", 1.0, cpu_freq_mhz=600.0, rtt_ms=80.0), "pi"),
+             ("hot", hb("hot", 1.0, throttled=True, net_type="cellular"), "phone"),
+             ("unknown-board", hb("unknown-board", 1.0), "toaster"), ("silent", None, None)]
+    together = p.predict_all(*(list(column) for column in zip(*fleet, strict=True)))
+    alone = [p.predict(device, heartbeat, board) for device, heartbeat, board in fleet]
+    assert [together.at(i) for i in range(len(fleet))] == alone
+    by = dict(zip([d for d, _, _ in fleet], alone, strict=True))
+    assert by["clocked"].seconds_per_sample == pytest.approx(0.002 * 3)  # a third of its clock
+    assert by["hot"].seconds_per_sample == pytest.approx(0.006 * 1.5)  # throttled, clock unknown
+    assert by["tested"].seconds_per_sample == pytest.approx(TRAIN_OVER_INFER / 2500.0)
+    assert by["reported"].seconds_per_sample == pytest.approx(1 / 300.0)
+
+
 # The global test loss of the adaptive scheduler's first 19 steps on hapt-30 at 30 % dropout (seed 0,
 # rounds): the model improves from 70.6 % to 87.2 % while the loss rises in 7 of the steps. The
 # monitor that judged every rise of 5 % as divergence tightened 6 times on it, and held the server
