@@ -58,9 +58,11 @@ class DropoutModel:
             record = self._records[device] = _Record()
         return record
 
-    def _seen(self, device: str) -> _Record:
-        """The device's record, to read; an unseen device's is empty and not stored."""
-        return self._records.get(device, _UNSEEN)
+    def _seen(self, devices: Iterable[str]) -> list[_Record]:
+        """The devices' records, to read; an unseen device's is empty and not stored (a plan
+        reads every registered device)."""
+        get = self._records.get
+        return [get(device, _UNSEEN) for device in devices]
 
     def note_presence(self, device: str, online: bool, now: float, busy: bool = False) -> None:
         """Feed the registry's view at `now`: time online between jobs and departures accumulate.
@@ -101,9 +103,7 @@ class DropoutModel:
         # must not read as a fleet whose boards stay half a minute.
         prior = self.config.prior_online_s
         fleet_hazard = self._departures / (self._online_s + prior)
-        get = self._records.get
-        records = [get(device, _UNSEEN) for device in devices]
-        return [(r.departures + prior * fleet_hazard) / (r.online_s + prior) for r in records]
+        return [(r.departures + prior * fleet_hazard) / (r.online_s + prior) for r in self._seen(devices)]
 
     def risk(self, device: str, job_seconds: float, hb: Heartbeat | None) -> float:
         return float(self.risks([device], np.array([job_seconds]), [hb])[0])
@@ -113,8 +113,7 @@ class DropoutModel:
         """`risk` of each device for a job of `job_seconds` (`hazards`: already known; a plan
         computes them once for every registered device)."""
         c = self.config
-        get = self._records.get
-        records = [get(device, _UNSEEN) for device in devices]
+        records = self._seen(devices)
         lost = np.array([r.lost for r in records], dtype=np.float64)
         jobs = np.array([r.jobs for r in records], dtype=np.float64)
         p_job = (lost + c.prior_strength * self.fleet_rate()) / (jobs + c.prior_strength)
