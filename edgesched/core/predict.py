@@ -59,7 +59,7 @@ class Predictions(NamedTuple):
 
 
 class Prediction(NamedTuple):
-    """A device's predicted job time. A tuple: a plan makes one per registered device."""
+    """A device's predicted job time (a plan keeps one for each device it chose)."""
 
     seconds_per_sample: float  # expected compute per sample under the current slowdown
     transfer_s: float  # expected download + upload
@@ -81,26 +81,27 @@ class _Learned:
 
 
 _UNSEEN = _Learned()  # read-only: what is known of a device before anything is
-_READINGS = ("cpu_percent", "cpu_freq_mhz", "throttled", "train_samples_per_s", "rtt_ms")
 _LEARNED = ("max_freq_mhz", "tested_sps", "log_sps", "log_transfer", "err_var")
 # Read for a device without a heartbeat: no load, no clock, a link of unknown kind.
 _SILENT = Heartbeat("silent", 0, 0, 0.0, cpu_percent=0.0, load1=0.0, mem_available_mb=0.0, mem_total_mb=0.0)
 
 
-def slowdown(hb: Heartbeat | None, max_freq_mhz: float = 0.0) -> float:
-    """How much slower than its best the device computes now, from a heartbeat.
+def _column(rows: Sequence[object], name: str) -> np.ndarray:
+    """Field `name` of every row, as floats: None reads as nan, a flag as 0 or 1."""
+    values = map(attrgetter(name), rows)
+    return np.fromiter((math.nan if v is None else v for v in values), np.float64, len(rows))
+
+
+def _slowdowns(heartbeats: Sequence[Heartbeat], top_mhz: np.ndarray) -> np.ndarray:
+    """How much slower than its best each device computes now, from its heartbeat.
 
     Other work takes its share of the CPU (`cpu_percent` between jobs), and a clock below the
-    highest one seen (throttling) slows every step in proportion.
-    """
-    if hb is None:
-        return 1.0
-    busy = min(hb.cpu_percent / 100.0, 0.9)
-    factor = 1.0 / (1.0 - busy)
-    if hb.cpu_freq_mhz and max_freq_mhz > hb.cpu_freq_mhz:
-        factor *= max_freq_mhz / hb.cpu_freq_mhz
-    elif hb.throttled and not hb.cpu_freq_mhz:
-        factor *= 1.5  # throttled, clock unknown: a Pi's soft limit costs about a third
+    highest one seen (`top_mhz`: throttling) slows every step in proportion."""
+    cpu, freq, throttled = (_column(heartbeats, name) for name in ("cpu_percent", "cpu_freq_mhz", "throttled"))
+    factor: np.ndarray = 1.0 / (1.0 - np.minimum(cpu / 100.0, 0.9))
+    clocked = (freq > 0) & (top_mhz > freq)
+    factor[clocked] *= top_mhz[clocked] / freq[clocked]
+    factor[~(freq > 0) & (throttled > 0)] *= 1.5  # throttled, clock unknown: a Pi's soft limit costs about a third
     return factor
 
 
@@ -135,7 +136,7 @@ class Predictor:
         self._get(device).tested_sps = TRAIN_OVER_INFER / infer_samples_per_s
 
     def slowdown(self, device: str, hb: Heartbeat | None) -> float:
-        return slowdown(hb, self._seen(device).max_freq_mhz)
+        return float(_slowdowns([hb if hb is not None else _SILENT], np.array([self._seen(device).max_freq_mhz]))[0])
 
     def predict(self, device: str, hb: Heartbeat | None = None, board: str | None = None) -> Prediction:
         return self.predict_all([device], [hb], [board]).at(0)
@@ -148,18 +149,9 @@ class Predictor:
         get = self._devices.get
         hbs = [hb if hb is not None else _SILENT for hb in heartbeats]
         seen = [get(device, _UNSEEN) for device in devices]
-
-        def column(rows: Sequence[object], name: str) -> np.ndarray:
-            values = map(attrgetter(name), rows)
-            return np.fromiter((math.nan if v is None else v for v in values), np.float64, len(rows))
-
-        cpu, freq, throttled, reported, rtt = (column(hbs, name) for name in _READINGS)
-        top, tested, log_sps, log_transfer, err_var = (column(seen, name) for name in _LEARNED)
-        # slowdown(), for every device: other work's share of the CPU, then the clock
-        factor = 1.0 / (1.0 - np.minimum(cpu / 100.0, 0.9))
-        clocked = (freq > 0) & (top > freq)
-        factor[clocked] *= top[clocked] / freq[clocked]
-        factor[~(freq > 0) & (throttled > 0)] *= 1.5
+        reported, rtt = _column(hbs, "train_samples_per_s"), _column(hbs, "rtt_ms")
+        top, tested, log_sps, log_transfer, err_var = (_column(seen, name) for name in _LEARNED)
+        factor = _slowdowns(hbs, top)
         # seconds per sample, from the best source each device has
         sps = np.array([self.class_sps.get(b, math.nan) if b is not None else math.nan for b in boards])
         if np.isnan(sps).any():

@@ -124,9 +124,6 @@ class UpdateGuard:
         self._strikes[device] = window
         return Verdict(None, reason, quarantine)
 
-    def quarantined(self, device: str, now: float) -> bool:
-        return self._quarantine.get(device, -math.inf) > now
-
     def held(self, now: float) -> set[str]:
         """The devices quarantined at `now`."""
         return {device for device, until in self._quarantine.items() if until > now}

@@ -81,11 +81,11 @@ def test_three_refusals_within_the_window_quarantine_a_device_for_a_while():
     nan = [np.full_like(b, np.nan) for b in BASE]
     guard.check("d", nan, BASE, 1, 600, now=0.0)
     guard.check("d", nan, BASE, 1, 600, now=150.0)  # the first strike has aged out of the window
-    assert not guard.quarantined("d", 150.0)
+    assert "d" not in guard.held(150.0)
     guard.check("d", nan, BASE, 1, 600, now=160.0)
     assert guard.check("d", nan, BASE, 1, 600, now=170.0).quarantined
-    assert guard.quarantined("d", 219.0) and not guard.quarantined("d", 221.0)
-    assert not guard.quarantined("other", 200.0)
+    assert "d" in guard.held(219.0) and "d" not in guard.held(221.0)
+    assert "other" not in guard.held(200.0)
 
 
 def test_the_scheduler_gives_no_work_to_a_quarantined_device_and_never_aggregates_its_updates():

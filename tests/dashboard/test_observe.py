@@ -121,3 +121,32 @@ def test_a_gateways_unix_times_are_shown_from_its_first_decision(tmp_path):
     assert [(s["start"], s["end"], s["outcome"]) for s in view["timeline"]] == [(0.0, 4.0, "delivered"),
                                                                               (5.0, None, "running")]
     assert view["timeline_now"] == 9.0 and [d["t"] for d in view["decisions"]] == [5.0, 4.0, 0.0]  # newest first
+
+
+def test_a_fleet_file_that_is_slow_to_write_waits_longer_before_the_next_one_between_steps(tmp_path, monkeypatch):
+    """fleet.json's pause between steps grows with what it cost (a 100,000-device file takes
+    seconds); a step's end still writes it. The clock is rundir's own, stepped by hand."""
+    from edgesched import rundir
+
+    clock = [100.0]
+    monkeypatch.setattr(rundir.time, "monotonic", lambda: clock[0])
+    recorder = rundir.RunRecorder(tmp_path / "run", {})
+    written: list[float] = []
+
+    def record(cost_s: float):
+        def build() -> dict:
+            written.append(clock[0])
+            clock[0] += cost_s  # the write takes this long
+            return {"t": clock[0]}
+        return build
+
+    recorder.write_fleet(record(0.01), settled=False)
+    clock[0] += rundir.FLEET_EVERY_S
+    recorder.write_fleet(record(2.0), settled=False)  # a cheap file: a second later it is written again
+    clock[0] += 10.0
+    recorder.write_fleet(record(2.0), settled=False)  # 10 s after a 2 s write: not yet (18 s)
+    recorder.write_fleet(record(2.0), settled=True)  # the step ended: written
+    assert written == [100.0, 101.01, 113.01]
+    clock[0] += 2.0 * rundir.FLEET_COST_SHARE
+    recorder.write_fleet(record(0.01), settled=False)
+    assert len(written) == 4
