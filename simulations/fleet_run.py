@@ -46,7 +46,8 @@ from edgesched.simulations.transport import Executors, VirtualTransport
 from edgesched.tasks import load_data, model_size
 
 IN_PROCESS = "in-process"
-CHECKPOINT_SHARE = 0.1  # checkpoints are written after a step while they have taken at most this share of the run
+CHECKPOINT_SHARE = 0.1  # a slow checkpoint is written after a step while they have taken at most this share of the run
+CHECKPOINT_SLOW_S = 1.0  # one that took less is written after every step, whatever the share
 
 
 def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
@@ -70,7 +71,7 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
               "dropout": spec.dynamics.dropout, "target-accuracy": spec.target_accuracy, "telemetry": broker}
     state: dict[str, Any] = {}
     resumed_after = resume.state.step if resume else None  # the engine's state moves on as the run goes
-    cost = {"checkpoint_seconds": 0.0, "checkpoint_bytes": 0}  # what writing checkpoints took
+    cost = {"checkpoint_seconds": 0.0, "checkpoint_bytes": 0, "last_seconds": 0.0}  # what writing checkpoints took
     if resume is None:
         fleet = VirtualFleet(spec, load_catalog(), size["model_macs_per_sample"], 4 * size["model_parameters"])
         registry = DeviceRegistry(RegistryConfig(fleet=spec.name, heartbeat_interval=spec.dynamics.heartbeat_s))
@@ -128,12 +129,14 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
                     telemetry.sync()
                     events.flush()
                     recorder.add_decisions(policy.log)  # decisions.jsonl grows as the run goes
-                    if cost["checkpoint_seconds"] > CHECKPOINT_SHARE * (time.monotonic() - started):
+                    if (cost["last_seconds"] > CHECKPOINT_SLOW_S
+                            and cost["checkpoint_seconds"] > CHECKPOINT_SHARE * (time.monotonic() - started)):
                         return  # a large fleet's checkpoint (seconds to write): not after every step
                     logs = {**recorder.offsets(), "events.jsonl": events.tell()}
                     checkpoint.save(out_dir, Checkpoint(spec, broker, at, policy, clock, transport.snapshot(), fleet,
                                                         telemetry, logs))
-                    cost["checkpoint_seconds"] += time.perf_counter() - begun
+                    cost["last_seconds"] = time.perf_counter() - begun
+                    cost["checkpoint_seconds"] += cost["last_seconds"]
                     cost["checkpoint_bytes"] = (out_dir / checkpoint.FILE).stat().st_size
 
                 engine_ = Engine(policy, transport, clock, RegistryFleetView(telemetry, sizes), evaluate, on_round,

@@ -70,3 +70,24 @@ def test_a_run_stopped_after_a_step_resumes_to_the_same_bytes(tmp_path, monkeypa
     assert summary["resumed_after_round"] == 2 and summary["rounds"] == 4
     for name in ("model.npz", "events.jsonl", "jobs.csv") + (("decisions.jsonl",) if strategy == "edgesched" else ()):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+def test_slow_checkpoints_are_written_less_often_and_leave_the_run_unchanged(tmp_path, monkeypatch):
+    path = tmp_path / "resume.toml"
+    path.write_text(FLEET)
+    spec = load_fleet(str(path)).with_overrides(strategy="edgesched")
+    fleet_run.simulate_fleet(spec, tmp_path / "every", engine="in-process")
+
+    save, steps = checkpoint.save, []
+
+    def recorded(out_dir, saved):
+        steps.append(saved.state.step)
+        save(out_dir, saved)
+
+    monkeypatch.setattr(checkpoint, "save", recorded)
+    monkeypatch.setattr(fleet_run, "CHECKPOINT_SLOW_S", 0.0)  # every checkpoint counts as slow
+    monkeypatch.setattr(fleet_run, "CHECKPOINT_SHARE", 0.0)  # and any time spent on them as too much
+    fleet_run.simulate_fleet(spec, tmp_path / "paced", engine="in-process")
+    assert steps == [1]
+    for name in ("model.npz", "events.jsonl", "jobs.csv", "decisions.jsonl"):
+        assert (tmp_path / "paced" / name).read_bytes() == (tmp_path / "every" / name).read_bytes(), name
