@@ -29,6 +29,7 @@ from pathlib import Path
 
 from benchmarks.processes import Processes, flower_app, wait_for
 from edgesched.broker import free_port
+from edgesched.config import parse_scheduler_keys
 
 BIN = Path(sys.executable).parent
 CGROUP = Path("/sys/fs/cgroup/cpu")
@@ -40,6 +41,7 @@ PERIOD_US = 100_000
 BOARDS = {"pi-fast": 0.5, "pi-mid": 0.35, "pi-slow": 0.2, "pi-restart": 0.25}
 THROTTLED, RESTARTED = "pi-mid", "pi-restart"
 APP = flower_app("edgesched-real-fleet", "job-time prediction on a loopback fleet") + """dataset = "{dataset}"
+partitioner = "{partitioner}"
 strategy = "edgesched"
 clients = {clients}
 rounds = {rounds}
@@ -51,7 +53,7 @@ out-dir = "{out}"
 
 
 class Fleet:
-    def __init__(self, folder: Path, dataset: str, rounds: int) -> None:
+    def __init__(self, folder: Path, dataset: str, rounds: int, partitioner: str, settings: dict[str, str]) -> None:
         self.folder, self.out = folder, folder / "run"
         self.broker, self.link = free_port(), free_port()
         home = folder / "flwr-home"
@@ -60,7 +62,9 @@ class Fleet:
                                           f'address = "127.0.0.1:{self.link}"\ninsecure = true\n')
         (folder / "app").mkdir()
         (folder / "app" / "pyproject.toml").write_text(APP.format(dataset=dataset, clients=len(BOARDS), rounds=rounds,
-                                                                  broker=self.broker, out=self.out))
+                                                                  partitioner=partitioner, broker=self.broker,
+                                                                  out=self.out)
+                                                      + "".join(f'{k} = "{v}"\n' for k, v in settings.items()))
         (folder / "mosquitto.conf").write_text(f"listener {self.broker} 127.0.0.1\nallow_anonymous true\n"
                                                f"persistence false\n")
         self.procs = Processes(folder, {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
@@ -111,8 +115,8 @@ class Fleet:
                     group.rmdir()
 
 
-def run(rounds: int, dataset: str, folder: Path, settle: int) -> dict:
-    fleet = Fleet(folder, dataset, rounds)
+def run(rounds: int, dataset: str, folder: Path, settle: int, partitioner: str, settings: dict[str, str]) -> dict:
+    fleet = Fleet(folder, dataset, rounds, partitioner, settings)
     events: dict[str, float] = {}
     try:
         fleet.start()
@@ -156,13 +160,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--settle", type=int, default=5, help="rounds left out of the figure")
     parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--partitioner", default="dirichlet",
+                        help="iid gives every board the same share: its trace's job times compare across runs")
+    parser.add_argument("--scheduler", default="", help="scheduler settings, 'key=value key=value'")
+    parser.add_argument("--time-budget", type=float, help="seconds the run may take (then --rounds caps the steps)")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one)")
     args = parser.parse_args()
     if not os.access(CGROUP / "cgroup.procs", os.W_OK):
         sys.exit(f"real_fleet: error: {CGROUP} is not writable (run as root on a cgroup v1 machine)")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="real-fleet-"))
     folder.mkdir(parents=True, exist_ok=True)
-    result = run(args.rounds, args.dataset, folder, args.settle)
+    settings = parse_scheduler_keys(args.scheduler)
+    if args.time_budget:
+        settings["time-budget"] = str(args.time_budget)
+    result = run(args.rounds, args.dataset, folder, args.settle, args.partitioner, settings)
     (folder / "prediction.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "counted"}, indent=1))
     print(f"median |predicted/actual - 1| after round {args.settle}: {result['median_abs_error_after_settle']:.1%} "

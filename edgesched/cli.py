@@ -91,10 +91,15 @@ def simulate(
         "CPU cores per simulated client; cores / this = parallel workers."
     ))] = _DEFAULTS.client_cpus,
     fleet: Annotated[str | None, Opt(help=(
-        "A fleet file (TOML) or the name of a shipped one (mixed-24, lab-20, campus-100, phones-1000; hapt-30 with "
-        "--data-dir): virtual devices "
+        "A fleet file (TOML) or the name of a shipped one (mixed-24, lab-20, campus-100, phones-1000, replay; "
+        "hapt-30 with --data-dir): virtual devices "
         "calibrated on real boards and phones, trained for real, timed in virtual seconds. The file sets the "
         "data and training options; --seed, --rounds, --data-dir and --dropout override it."
+    ))] = None,
+    trace: Annotated[Path | None, Opt(help=(
+        "Replay a fleet's trace (CSV: when each device was online and how fast it trained; a gateway writes "
+        "one into its run directory as trace.csv; docs/traces.md): its devices replace --fleet's, or, without "
+        "--fleet, train on the shipped replay fleet's data and settings."
     ))] = None,
     strategy: Annotated[str | None, Opt(help=(
         "edgesched (the adaptive scheduler: per-device work, epochs and staleness bound from predicted speed "
@@ -180,6 +185,8 @@ def simulate(
     if engine not in ENGINES:
         raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(ENGINES)}")
     scheduler_keys = parse_scheduler_keys(scheduler or "")
+    if trace is not None and fleet is None:
+        fleet = "replay"
     chosen = strategy or ("edgesched" if fleet is not None else "fedavg")  # the default: edgesched on a fleet
     if scheduler_keys and chosen in BASELINES:
         raise ConfigError(f"--scheduler sets the adaptive scheduler, which --strategy {chosen} does not use; "
@@ -191,7 +198,7 @@ def simulate(
             seed=seed, rounds=rounds, dropout=dropout, data_dir=str(data_dir) if data_dir else None,
             strategy=chosen, bad_updates=bad_updates, malicious=malicious, attack=attack,
             onnx_every_round=onnx_every_round,
-            scheduler=scheduler_keys, time_budget=time_budget)
+            scheduler=scheduler_keys, time_budget=time_budget, trace=str(trace) if trace else None)
         if compare is not None and compare not in STRATEGIES:
             raise ConfigError(f"--compare: unknown strategy {compare!r}; choose one of {', '.join(STRATEGIES)}")
         _simulate_fleet(spec, broker, out, engine, dashboard, dashboard_port, compare, ray_address)

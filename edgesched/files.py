@@ -108,7 +108,7 @@ class _SafeUnpickler(pickle.Unpickler):
 
 MAGIC = b"edgesched-checkpoint 1\n"
 STATE_MODULES = frozenset({
-    "edgesched.config", "edgesched.server.checkpoint", "edgesched.flower.nodes",
+    "edgesched.config", "edgesched.server.checkpoint", "edgesched.flower.nodes", "edgesched.trace",
     *(f"edgesched.core.{m}" for m in ("clock", "decisions", "engine", "events", "feedback", "fleet", "pace", "plan",
                                       "predict", "records", "registry", "risk", "scheduler", "telemetry",
                                       "transport", "validate")),

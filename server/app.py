@@ -2,13 +2,16 @@
 
 The run itself is edgesched.flower.run: the engine over Flower's nodes in real time, with the
 fleet's MQTT telemetry (server.telemetry) and, with `checkpoint-dir`, a checkpoint after every
-step that a restarted gateway goes on from (server.checkpoint).
+step that a restarted gateway goes on from (server.checkpoint). With a run directory and
+telemetry, the fleet as it was seen is kept there as a trace (trace.csv, edgesched.trace),
+rewritten after every step, for the simulator to replay.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 from flwr.app import Context
@@ -22,6 +25,9 @@ from edgesched.mqtt import RegistryListener
 from edgesched.rundir import RunRecorder
 from edgesched.server import checkpoint
 from edgesched.server.telemetry import DropReport, open_telemetry
+from edgesched.trace import TraceRecorder
+
+TRACE_FILE = "trace.csv"
 
 log = logging.getLogger(__name__)
 app = ServerApp()
@@ -48,7 +54,14 @@ def main(grid: Grid, context: Context) -> None:
             if recorder is not None:
                 recorder.on_round(record, jobs, model)
 
-        result = run_gateway(grid, cfg, on_round, telemetry, recorder)
+        trace = None
+        if recorder is not None and telemetry is not None:
+            from edgesched.tasks import model_size
+
+            trace = TraceRecorder(model_size(cfg.data.dataset)["model_macs_per_sample"])
+        result = run_gateway(grid, cfg, on_round, telemetry, recorder, trace)
+        if recorder is not None and trace is not None:
+            trace.write(recorder.out_dir / TRACE_FILE, time.time())
         totals = drops.totals()
     stopped = {"stopped": result.stopped} if result.stopped else {}
     if recorder is not None:
@@ -73,22 +86,24 @@ def _log_progress() -> None:
 
 
 def run_gateway(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
-                recorder: RunRecorder | None = None) -> RunResult:
+                recorder: RunRecorder | None = None, trace: TraceRecorder | None = None) -> RunResult:
     """The run on the gateway: from its checkpoint if a previous start of it left one, writing one
     after every step with `checkpoint-dir` (with the run directory's log sizes, from `recorder`),
-    and the step's decisions and the fleet's state (fleet.json) into the run directory."""
+    and the step's decisions, the fleet's state (fleet.json) and its `trace` into the run directory."""
     saved = checkpoint.saved_run(cfg)
 
     def after_step(state: Saved) -> None:
         if recorder is not None:  # decisions.jsonl grows as the run goes
             recorder.add_decisions(state.policy.log)
+        if trace is not None and recorder is not None:
+            trace.write(recorder.out_dir / TRACE_FILE, time.time())
         if cfg.checkpoint_dir:
             checkpoint.save(cfg, state, recorder.offsets() if recorder else None)
 
     resume = Saved(saved.state, saved.policy, saved.fleet) if saved else None
     result = run_on_grid(grid, cfg, on_round, telemetry, resume,
                          after_step if cfg.checkpoint_dir or recorder is not None else None,
-                         recorder.write_fleet if recorder is not None else None, identify=True)
+                         recorder.write_fleet if recorder is not None else None, identify=True, trace=trace)
     if result.stopped is None:  # a stopped run keeps it: started again, it goes on once devices are back
         checkpoint.remove(cfg)
     return result

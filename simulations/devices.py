@@ -15,17 +15,23 @@ Processes per device (each switchable in the fleet file's [dynamics]):
 - battery (boards with a [battery] entry): drains while unplugged and faster while training,
   charges in plugged periods; an empty unplugged device is off, and a job it was running is lost;
 - link: each transfer draws its bandwidth.
+
+A device replayed from a trace (edgesched.trace) is online when the traced one was, trains at
+its speed then, and spends its overhead half before and half after training; it has no heat,
+battery or link noise of its own (the trace holds what its heat and links did).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgesched.simulations.catalog import Battery, Board, Catalog, Network, Thermal
+from edgesched.simulations.catalog import TRAIN_MACS_PER_FORWARD_MAC, Battery, Board, Catalog, Network, Thermal
 from edgesched.simulations.fleet import DeviceGroup, Dynamics, FleetSpec
+from edgesched.trace import DeviceTrace
 
 BANDWIDTH_FLOOR = 0.05  # a transfer never runs below 5 % of the link's mean
 LOAD_PERIOD_S = 300.0
@@ -33,6 +39,7 @@ REJOIN_S = 60.0
 DAY_S = 86_400.0
 DIURNAL_AMPLITUDE = 0.5
 AVAILABILITY, JOBS, LOAD, POWER, START = range(5)  # random streams per device
+TRACED_RAM_MB = 4096.0  # what a replayed device's heartbeats report (a trace does not say)
 
 
 def diurnal(t: float, dyn: Dynamics) -> float:
@@ -107,13 +114,17 @@ class VirtualDevice:
     load_period: int = -1
     load: float = 0.0
     last_job: tuple[float, float] | None = None  # (samples per second, seconds) of the last delivered job
+    trace: DeviceTrace | None = None  # replayed from a trace: its online spells and speeds
 
     def advance(self, now: float, dyn: Dynamics) -> None:
         """Play the on/off process forward to `now`."""
         rng = self.streams[AVAILABILITY]
         while self.next_toggle <= now:
-            self.online = not self.online
             t = self.next_toggle
+            if self.trace is not None:
+                self.online, self.next_toggle = self.trace.online(t), self.trace.next_change(t)
+                continue
+            self.online = not self.online
             mean = self.group.online_s * diurnal(t, dyn) if self.online else self.group.offline_s / diurnal(t, dyn)
             self.next_toggle = t + rng.exponential(mean)
 
@@ -121,6 +132,13 @@ class VirtualDevice:
         """Online, its agent running, and (on battery) not flat."""
         self.advance(now, dyn)
         return self.online and now >= self.down_until and (self.power is None or self.charge(now, dyn) > 0)
+
+    def train_seconds(self, macs_per_sample: int, samples: int, at: float | None) -> float:
+        """Training time without slowdowns: the board's, or the trace's at `at` (None: its median)."""
+        if self.trace is None:
+            return self.board.train_seconds(macs_per_sample, samples)
+        speed = self.trace.median_speed() if at is None else self.trace.near(at).gmacs_per_s
+        return TRAIN_MACS_PER_FORWARD_MAC * macs_per_sample * samples / (speed * 1e9)
 
     def background(self, now: float, dyn: Dynamics) -> float:
         """Extra slowdown from other work (0.2 = 20 % slower), constant within a load period."""
@@ -196,6 +214,8 @@ class VirtualFleet:
         for group in spec.groups:
             for _ in range(group.count):
                 self.devices.append(self._create(len(self.devices), group, catalog))
+        for traced in spec.trace.devices if spec.trace else ():
+            self.devices.append(self._replay(len(self.devices), traced, spec.trace.path))
         self.index = {d.device_id: d.index for d in self.devices}
 
     def _create(self, index: int, group: DeviceGroup, catalog: Catalog) -> VirtualDevice:
@@ -225,6 +245,15 @@ class VirtualFleet:
             device.next_plug_toggle = float(streams[POWER].exponential(mean))
         return device
 
+    def _replay(self, index: int, traced: DeviceTrace, source: str) -> VirtualDevice:
+        board = Board("traced", "a device of a trace", traced.median_speed(), TRACED_RAM_MB, source, measured=True)
+        device = VirtualDevice(index, traced.device, board, Network("trace", 0.0), DeviceGroup(board.name, 1, "trace"),
+                               (0.0, 0.0), (0.0, 0.0), (self.spec.seed, index),
+                               [np.random.default_rng([self.spec.seed, index, k]) for k in range(5)], None, None,
+                               trace=traced)
+        device.online, device.next_toggle = traced.online(0.0), traced.next_change(0.0)
+        return device
+
     def online(self, now: float) -> list[int]:
         return [d.index for d in self.devices if d.is_up(now, self.dyn)]
 
@@ -238,14 +267,15 @@ class VirtualFleet:
         device = self.devices[index]
         rng, dyn = device.streams[JOBS], self.dyn
         start = max(now, device.busy_until)
-        download = self._transfer(device, device.down)
+        download = self._transfer(device, device.down, start)
         compute_start = start + download
-        full = device.board.train_seconds(self.model_macs, samples) * (1.0 + device.background(compute_start, dyn))
+        full = device.train_seconds(self.model_macs, samples, compute_start) * \
+            (1.0 + device.background(compute_start, dyn))
         compute, throttled = full, False
         if device.thermal is not None:
             compute, _ = device.thermal.compute(device.temperature(compute_start), full)
             throttled = compute > full
-        upload = self._transfer(device, device.up)
+        upload = self._transfer(device, device.up, start)
         end = compute_start + compute + upload
         causes = []
         if rng.random() < dyn.dropout:
@@ -281,10 +311,15 @@ class VirtualFleet:
     def nominal_job_s(self, index: int, samples: int) -> float:
         """A job's time at the board's catalog speed over its links' mean bandwidth: no load, heat or noise."""
         device = self.devices[index]
+        if device.trace is not None:
+            overhead = statistics.median(i.overhead_s for i in device.trace.intervals)
+            return device.train_seconds(self.model_macs, samples, None) + overhead
         return (device.board.train_seconds(self.model_macs, samples)
                 + self._link_s(device, device.down[0]) + self._link_s(device, device.up[0]))
 
-    def _transfer(self, device: VirtualDevice, link: tuple[float, float]) -> float:
+    def _transfer(self, device: VirtualDevice, link: tuple[float, float], at: float) -> float:
+        if device.trace is not None:  # half of the traced job's overhead before training, half after
+            return device.trace.near(at).overhead_s / 2
         mean, sd = link
         kbps = mean if not self.dyn.bandwidth_noise else max(device.streams[JOBS].normal(mean, sd),
                                                                 BANDWIDTH_FLOOR * mean)

@@ -1,12 +1,15 @@
 """Fleet files: the devices of a virtual fleet, its data, training and dynamics, in TOML.
 
 Every value is checked on load; an error names the file and the key, e.g.
-`lab.toml: devices[2].board: unknown 'rpi9'; known: rpi4, rpi5, ...`.
+`lab.toml: devices[2].board: unknown 'rpi9'; known: rpi4, rpi5, ...`. A fleet's devices are
+[[devices]] groups drawn from the catalog, or the devices of a trace (`trace = "fleet.csv"`,
+beside the fleet file; edgesched.trace), replayed as they were recorded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +18,7 @@ from typing import Any
 from edgesched.config import RunConfig
 from edgesched.errors import ConfigError
 from edgesched.simulations.catalog import Catalog, load_catalog, tomllib
+from edgesched.trace import Trace, load_trace
 
 FLEETS = Path(__file__).with_name("fleets")
 ALWAYS_ON_S = 1e12
@@ -60,27 +64,37 @@ class FleetSpec:
     groups: tuple[DeviceGroup, ...]
     dynamics: Dynamics
     run: RunConfig  # data and training settings; clients = number of devices
+    trace: Trace | None = None  # devices replayed from a trace (then there are no groups)
 
     @property
     def size(self) -> int:
-        return sum(g.count for g in self.groups)
+        return len(self.trace.devices) if self.trace else sum(g.count for g in self.groups)
 
     def with_overrides(self, *, seed: int | None = None, rounds: int | None = None, dropout: float | None = None,
                        data_dir: str | None = None, strategy: str | None = None,
                        bad_updates: float | None = None, malicious: float | None = None,
                        attack: str | None = None, onnx_every_round: bool = False,
-                       scheduler: Mapping[str, str] | None = None, time_budget: float | None = None) -> FleetSpec:
+                       scheduler: Mapping[str, str] | None = None, time_budget: float | None = None,
+                       trace: str | None = None) -> FleetSpec:
         """The same fleet with CLI overrides applied (None keeps the file's value); `scheduler`
-        holds kebab-case scheduler settings (`--scheduler`)."""
+        holds kebab-case scheduler settings (`--scheduler`); `trace`: the devices of that trace
+        file replace the fleet's (as many per step as the file asks, at most all of them)."""
+        base = self
+        if trace is not None:
+            replayed = load_trace(trace)
+            wanted = min(self.run.clients_per_round, len(replayed.devices))
+            run = self.run.with_keys({"clients": len(replayed.devices),
+                                      "fraction-train": wanted / len(replayed.devices)})
+            base = dataclasses.replace(self, groups=(), trace=replayed, run=run)
         given = {"seed": seed, "rounds": rounds, "data-dir": data_dir, "strategy": strategy,
                  "onnx-every-round": onnx_every_round or None, "time-budget": time_budget}
-        run = self.run.with_keys({**{k: v for k, v in given.items() if v is not None}, **(scheduler or {})})
+        run = base.run.with_keys({**{k: v for k, v in given.items() if v is not None}, **(scheduler or {})})
         dynamics = dataclasses.replace(
-            self.dynamics,
-            dropout=self.dynamics.dropout if dropout is None else dropout,
-            bad_updates=self.dynamics.bad_updates if bad_updates is None else bad_updates,
-            malicious=self.dynamics.malicious if malicious is None else malicious,
-            attack=self.dynamics.attack if attack is None else attack,
+            base.dynamics,
+            dropout=base.dynamics.dropout if dropout is None else dropout,
+            bad_updates=base.dynamics.bad_updates if bad_updates is None else bad_updates,
+            malicious=base.dynamics.malicious if malicious is None else malicious,
+            attack=base.dynamics.attack if attack is None else attack,
         )
         for flag, value in (("--dropout", dynamics.dropout), ("--bad-updates", dynamics.bad_updates),
                             ("--malicious", dynamics.malicious)):
@@ -88,7 +102,7 @@ class FleetSpec:
                 raise ConfigError(f"{flag} must be in [0, 1], got {value}")
         if dynamics.attack not in ATTACKS:
             raise ConfigError(f"--attack: unknown {dynamics.attack!r}; choose one of {', '.join(ATTACKS)}")
-        return dataclasses.replace(self, seed=run.seed, run=run, dynamics=dynamics)
+        return dataclasses.replace(base, seed=run.seed, run=run, dynamics=dynamics)
 
 
 def resolve_fleet_path(name: str) -> Path:
@@ -113,10 +127,15 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     r = _Reader(path)
-    r.only(raw, "", {"name", "description", "seed", "target_accuracy", "data", "training", "dynamics", "devices"})
-    devices = r.get(raw, "devices", list)
-    if not devices:
-        raise ConfigError(f"{path}: devices: list at least one [[devices]] group")
+    r.only(raw, "", {"name", "description", "seed", "target_accuracy", "data", "training", "dynamics", "devices",
+                     "trace"})
+    trace_file = r.get(raw, "trace", str, None)
+    devices = r.get(raw, "devices", list, [])
+    if trace_file is not None and devices:
+        raise ConfigError(f"{path}: trace: a fleet's devices come from [[devices]] or a trace, not both")
+    trace = load_trace(os.path.normpath(path.parent / trace_file)) if trace_file is not None else None
+    if not devices and trace is None:
+        raise ConfigError(f"{path}: devices: list at least one [[devices]] group, or name a trace")
     groups = tuple(_group(r, d, f"devices[{i}]", catalog) for i, d in enumerate(devices))
     data = r.get(raw, "data", dict)
     training = r.get(raw, "training", dict)
@@ -125,7 +144,7 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
     r.only(training, "training.",
            {"rounds", "clients_per_round", "local_epochs", "batch_size", "lr", "round_timeout_s", "time_budget_s"})
     r.only(dyn, "dynamics.", {f.name for f in dataclasses.fields(Dynamics)})
-    size = sum(g.count for g in groups)
+    size = len(trace.devices) if trace else sum(g.count for g in groups)
     per_round = r.get(training, "clients_per_round", int, prefix="training.", check=lambda v: 1 <= v <= size,
                       rule=f"must be between 1 and the fleet's {size} devices")
     seed = r.get(raw, "seed", int, 0, check=lambda v: v >= 0, rule="must be >= 0")
@@ -180,6 +199,7 @@ def load_fleet(name: str, catalog: Catalog | None = None) -> FleetSpec:
         groups=groups,
         dynamics=dynamics,
         run=run,
+        trace=trace,
     )
 
 

@@ -33,6 +33,7 @@ from edgesched.errors import EdgeschedError
 from edgesched.flower.messages import DEVICE
 from edgesched.mqtt import RegistryListener
 from edgesched.observe import fleet_record
+from edgesched.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
@@ -52,9 +53,12 @@ class FleetMemory:
 
 class FlowerFleet:
     def __init__(self, grid: Grid, telemetry: RegistryListener | None, sizes: list[int],
-                 dataset: str | None = None, memory: FleetMemory | None = None, identify: bool = False) -> None:
-        """`identify`: ask every node (as when there is telemetry), so boards can declare their own data."""
+                 dataset: str | None = None, memory: FleetMemory | None = None, identify: bool = False,
+                 trace: TraceRecorder | None = None) -> None:
+        """`identify`: ask every node (as when there is telemetry), so boards can declare their own data;
+        `trace`: told, whenever the fleet is read, which devices the registry has online."""
         self._grid = grid
+        self._trace = trace
         self._identify = identify or telemetry is not None
         self._dataset = dataset
         self._telemetry = telemetry
@@ -113,6 +117,9 @@ class FlowerFleet:
         if self._telemetry is None:
             return {}
         snapshot = self._telemetry.snapshot()
+        if self._trace is not None:
+            for state in snapshot.devices.values():
+                self._trace.presence(state.device_id, state.online, snapshot.taken_at)
         return {s.node_id: s for s in snapshot.devices.values() if s.node_id is not None}
 
     def views(self, now: float) -> list[DeviceView]:

@@ -29,6 +29,7 @@ from edgesched.errors import ConfigError, EdgeschedError
 from edgesched.flower.nodes import FleetMemory, FlowerFleet, wait_for_nodes
 from edgesched.flower.transport import FlowerTransport
 from edgesched.mqtt import RegistryListener
+from edgesched.trace import TraceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +75,11 @@ class RunResult:
 def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
                 resume: Saved | None = None, save: Callable[[Saved], None] | None = None,
                 watch: Callable[[Callable[[], dict[str, Any]], bool], None] | None = None,
-                identify: bool = False) -> RunResult:
+                identify: bool = False, trace: TraceRecorder | None = None) -> RunResult:
     """Run `cfg.rounds` server steps of `cfg.strategy` on the grid's nodes; `save` after each;
     `watch` is shown the fleet as it goes (RunRecorder.write_fleet: the run directory's fleet.json);
-    `identify`: ask each node what it is and what data it holds (a gateway's real boards)."""
+    `identify`: ask each node what it is and what data it holds (a gateway's real boards);
+    `trace`: shown the fleet's comings and goings and its jobs' times (edgesched.trace)."""
     from edgesched.tasks import build_model, load_data, model_size
     from edgesched.training import scorer
 
@@ -88,7 +90,7 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
         [0] * cfg.data.clients  # a gateway with an evaluation set only: every board brings its own data
     model = build_model(cfg.data.dataset, cfg.seed)
     wait_for_nodes(grid, 1 if resume else cfg.data.clients)  # a resumed run goes on with whoever is there
-    fleet = FlowerFleet(grid, telemetry, sizes, cfg.data.dataset, resume.fleet if resume else None, identify)
+    fleet = FlowerFleet(grid, telemetry, sizes, cfg.data.dataset, resume.fleet if resume else None, identify, trace)
     if resume is not None:
         log.info("resuming after round %d of %d", resume.state.step, cfg.rounds)
         state, policy = resume.state, resume.policy
@@ -98,7 +100,7 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
             policies.edgesched(cfg, Predictor(4 * model_size(cfg.data.dataset)["model_parameters"]))
     started = time.monotonic()
     checkpoint = (lambda s: save(Saved(s, policy, fleet.memory))) if save is not None else None
-    transport = FlowerTransport(grid, cfg, fleet, state.keys)
+    transport = FlowerTransport(grid, cfg, fleet, state.keys, trace)
 
     def shown(at: EngineState, settled: bool) -> None:
         assert watch is not None

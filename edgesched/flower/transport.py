@@ -7,6 +7,7 @@ and still count. Pushing each job with `Grid.push_messages` and pulling replies 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,11 +18,15 @@ from edgesched.config import RunConfig
 from edgesched.core.transport import Bounds, Order, Reply, Unsent
 from edgesched.flower.messages import decode_reply, job_config, model_record, train_message
 from edgesched.flower.nodes import NODE_LIST_TTL_S, FlowerFleet
+from edgesched.trace import TraceRecorder
 
 
 class FlowerTransport:
-    def __init__(self, grid: Grid, cfg: RunConfig, nodes: FlowerFleet, keys: list[str]) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig, nodes: FlowerFleet, keys: list[str],
+                 trace: TraceRecorder | None = None) -> None:
+        """`trace`: told each trained reply's device, samples and times (the run directory's trace.csv)."""
         self.grid = grid
+        self.trace = trace
         self.cfg = cfg
         self.nodes = nodes
         self.keys = keys
@@ -41,6 +46,10 @@ class FlowerTransport:
         if not pushed:  # e.g. the node left between planning and sending
             raise Unsent("Flower refused the message")
         self.bytes_down += sum(w.nbytes for w in model)
+        traced = self.nodes.memory.devices.get(node)
+        if self.trace is not None and traced is not None:
+            bounds = self.bounds(device, order)
+            self.trace.sent(pushed[0], traced, time.time(), bounds.max_steps * bounds.batch_size)
         return pushed[0]
 
     def bounds(self, device: str, order: Order) -> Bounds:
@@ -52,6 +61,9 @@ class FlowerTransport:
         replies = [decode_reply(reply, reply.metadata.reply_to_message_id, max_bytes)
                    for reply in self.grid.pull_messages(list(job_ids))]
         self.bytes_up += sum(w.nbytes for r in replies if r.trained is not None for w in r.trained)
+        for reply in replies:
+            if self.trace is not None and reply.trained is not None and reply.metrics is not None:
+                self.trace.replied(reply.job_id, time.time(), reply.metrics.samples, reply.metrics.seconds)
         return replies
 
     def reachable(self, now: float) -> list[str]:

@@ -22,7 +22,7 @@ network = "wifi"
 
 
 @pytest.mark.parametrize(("name", "size"), [("lab-20", 20), ("campus-100", 100), ("phones-1000", 1000),
-                                           ("hapt-30", 30)])
+                                           ("hapt-30", 30), ("replay", 4)])
 def test_shipped_fleets_load(name, size):
     fleet = load_fleet(name)
     assert fleet.size == size and fleet.run.data.clients == size
@@ -33,7 +33,8 @@ def test_shipped_fleets_load(name, size):
 
 
 def test_every_shipped_fleet_file_is_named_in_the_folder():
-    assert {p.stem for p in FLEETS.glob("*.toml")} == {"lab-20", "campus-100", "phones-1000", "hapt-30", "mixed-24"}
+    assert {p.stem for p in FLEETS.glob("*.toml")} == {"lab-20", "campus-100", "phones-1000", "hapt-30", "mixed-24",
+                                                        "replay"}
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,7 @@ def test_every_shipped_fleet_file_is_named_in_the_folder():
         (("target_accuracy = 0.8", "target_accuracy = 80"), "target_accuracy: in (0, 1]"),
         (('network = "wifi"', 'network = "5g"'), "devices[0].network: unknown network"),
         (("[training]", "[training"), "not valid TOML"),
+        (("[data]", 'trace = "t.csv"\n[data]'), "trace: a fleet's devices come from [[devices]] or a trace, not both"),
     ],
 )
 def test_a_bad_fleet_file_names_the_file_and_the_key(tmp_path, edit, says):
@@ -60,7 +62,7 @@ def test_a_bad_fleet_file_names_the_file_and_the_key(tmp_path, edit, says):
 
 
 def test_unknown_fleet_names_the_shipped_ones():
-    with pytest.raises(ConfigError, match="shipped fleets: campus-100, hapt-30, lab-20, mixed-24, phones-1000"):
+    with pytest.raises(ConfigError, match="shipped fleets: campus-100, hapt-30, lab-20, mixed-24, phones-1000, replay"):
         load_fleet("garage-3")
 
 

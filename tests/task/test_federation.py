@@ -409,3 +409,30 @@ def test_a_node_whose_device_has_no_agent_is_planned_on_its_prior():
     fleet.nodes()  # asked, answered, joined to their device ids
     assert fleet.memory.devices == NODES
     assert [v.device for v in fleet.views(time.time())] == [f"node-{n}" for n in NODES]
+
+
+def test_a_gateway_run_with_telemetry_writes_the_fleets_trace(tmp_path):
+    from edgesched.rundir import RunRecorder
+    from edgesched.server.app import TRACE_FILE
+    from edgesched.tasks import model_size
+    from edgesched.trace import TraceRecorder, load_trace
+
+    cfg = adaptive(rounds=2)
+    recorder = RunRecorder(tmp_path / "run", cfg.to_mapping())
+    trace = TraceRecorder(model_size(cfg.data.dataset)["model_macs_per_sample"])
+    seen: list[set[str]] = []
+
+    def on_round(record, jobs, model):
+        recorder.on_round(record, jobs, model)
+        seen.append({j.device_id for j in jobs})
+
+    started = time.time()
+    run_gateway(LocalGrid(NODE_CONFIGS), cfg, on_round, RecordingTelemetry(), recorder, trace)
+    path = tmp_path / "run" / TRACE_FILE
+    assert path.read_text().startswith("# recorded by an edgesched gateway; 0 s is Unix time")
+    recorded = load_trace(path)
+    assert {d.device for d in recorded.devices} == set(NODES.values())
+    assert 0 < recorded.period_s <= time.time() - started
+    trained = set().union(*seen)
+    assert trained and all(trace.jobs.get(device) for device in trained)  # each job that came back was timed
+    assert all(d.intervals[0].gmacs_per_s > 0 and d.online_share() == 1.0 for d in recorded.devices)
