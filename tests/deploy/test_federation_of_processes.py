@@ -32,6 +32,7 @@ import pytest
 from benchmarks.processes import Processes, flower_app
 from benchmarks.processes import wait_for as _wait
 from edgesched.broker import free_port
+from edgesched.trace import load_trace
 
 from ..mqtt.brokers import MOSQUITTO, Mosquitto, password_file, shipped_config
 
@@ -291,3 +292,20 @@ def test_thirty_percent_of_the_boards_die_at_random_during_rounds_and_the_run_co
     assert_ended_with_a_model(fed.out)
     in_flight = sum(fed.assert_dropped_through_mqtt(v, t) for v, t in killed.items())
     print(f"{in_flight} jobs were in flight on the boards that died")
+    assert_traced(fed.out / "trace.csv", devices, killed)
+
+
+def assert_traced(path: Path, devices: list[str], killed: dict[str, float]) -> None:
+    """The gateway's trace.csv has every board, the dead ones gone within seconds of their death
+    and the others online to the end, every piece with a speed learned from a job."""
+    noted = re.search(r"0 s is Unix time ([0-9.]+)", path.read_text())
+    assert noted, path.read_text()[:200]
+    origin = float(noted[1])
+    trace = load_trace(path)
+    traced = {d.device: d for d in trace.devices}
+    assert set(traced) == set(devices), sorted(traced)
+    for device, died_at in killed.items():
+        gone = origin + traced[device].intervals[-1].end_s
+        assert 0 <= gone - died_at < 15, (device, gone - died_at)
+    assert all(traced[d].intervals[-1].end_s == trace.period_s for d in devices if d not in killed)
+    print("traced:", {d: (round(t.online_share(), 3), round(t.median_speed(), 3)) for d, t in traced.items()})
