@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.real_fleet import RESTARTED
 from edgesched.simulations.catalog import load_catalog
 from edgesched.simulations.devices import VirtualFleet
 from edgesched.simulations.fleet import FleetSpec, load_fleet
@@ -96,12 +97,11 @@ def compare(spec: FleetSpec, jobs: list[dict], recorded_up: dict[str, float]) ->
 
 def harness_availability(folder: Path, origin: float, period: float) -> dict[str, float]:
     """Online shares as the harness made them: every board up throughout, but the restarted one,
-    down from its kill until its agent was heard again (its log's first heartbeat)."""
+    down from its kill until it was started again."""
     result = json.loads((folder / "prediction.json").read_text())
     events = result["events"]
     up = {d.device: 1.0 for d in load_trace(folder / "run" / "trace.csv").devices}
-    heard = result.get("restarted_heard", events["restarted"])
-    up["pi-restart"] = 1.0 - (heard - events["killed"]) / period
+    up[RESTARTED] = 1.0 - (events["restarted"] - events["killed"]) / period
     return up
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from edgesched.core.telemetry import valid_id
 from edgesched.errors import ConfigError
-from edgesched.simulations.catalog import TRAIN_MACS_PER_FORWARD_MAC
+from edgesched.simulations.catalog import TRAIN_MACS_PER_FORWARD_MAC, train_seconds
 
 REQUIRED = ("device", "start_s", "end_s", "gmacs_per_s")
 OPTIONAL = ("overhead_s",)
@@ -220,8 +220,11 @@ class TraceRecorder:
         train_s = min(max(device_train_s, 0.0), wall_s)
         if samples <= 0 or train_s <= 0 or not math.isfinite(train_s):
             return
-        speed = TRAIN_MACS_PER_FORWARD_MAC * self.macs_per_sample * samples / train_s / 1e9
-        self.jobs.setdefault(device, []).append(_Job(finished, speed, wall_s - train_s))
+        self.jobs.setdefault(device, []).append(_Job(finished, self._gmacs(samples, train_s), wall_s - train_s))
+
+    def _gmacs(self, samples: int, seconds: float) -> float:
+        """The speed that trains `samples` samples of the run's model in `seconds`."""
+        return TRAIN_MACS_PER_FORWARD_MAC * self.macs_per_sample * samples / seconds / 1e9
 
     def write(self, path: Path, now: float) -> None:
         """The trace up to `now` into `path`, saying when its 0 s was (Unix time)."""
@@ -243,13 +246,12 @@ class TraceRecorder:
                 pieces.append(Interval(at - self.origin, job.finished - self.origin, *last))
                 at = job.finished
         overdue = [(sent, most) for owner, sent, most in self.out.values() if owner == device and at <= sent < end
-                   and end - sent > last[1] + TRAIN_MACS_PER_FORWARD_MAC * self.macs_per_sample * most / last[0] / 1e9]
+                   and end - sent > last[1] + train_seconds(self.macs_per_sample, most, last[0])]
         if overdue:
             sent, most = min(overdue)
             if sent > at:
                 pieces.append(Interval(at - self.origin, sent - self.origin, *last))
-            at, last = sent, (TRAIN_MACS_PER_FORWARD_MAC * self.macs_per_sample * most / (end - sent - last[1]) / 1e9,
-                              last[1])
+            at, last = sent, (self._gmacs(most, end - sent - last[1]), last[1])
         if end > at:
             pieces.append(Interval(at - self.origin, end - self.origin, *last))
         merged: list[Interval] = []

@@ -21,6 +21,11 @@ CATALOG = Path(__file__).with_name("catalog.toml")
 TRAIN_MACS_PER_FORWARD_MAC = 3  # forward + a backward pass costing about twice the forward
 
 
+def train_seconds(macs_per_sample: int, samples: int, gmacs_per_s: float) -> float:
+    """Seconds to train `samples` samples of a model at `gmacs_per_s` (no slowdowns)."""
+    return TRAIN_MACS_PER_FORWARD_MAC * macs_per_sample * samples / (gmacs_per_s * 1e9)
+
+
 @dataclass(frozen=True)
 class Thermal:
     """Newton's law of heating and cooling, with a clock that drops at the throttle point.
@@ -88,7 +93,7 @@ class Board:
 
     def train_seconds(self, macs_per_sample: int, samples: int) -> float:
         """Seconds this board needs to train `samples` samples of a model (no slowdowns)."""
-        return TRAIN_MACS_PER_FORWARD_MAC * macs_per_sample * samples / (self.gmacs_per_s * 1e9)
+        return train_seconds(macs_per_sample, samples, self.gmacs_per_s)
 
 
 @dataclass(frozen=True)

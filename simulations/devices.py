@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgesched.simulations.catalog import TRAIN_MACS_PER_FORWARD_MAC, Battery, Board, Catalog, Network, Thermal
+from edgesched.simulations.catalog import Battery, Board, Catalog, Network, Thermal, train_seconds
 from edgesched.simulations.fleet import DeviceGroup, Dynamics, FleetSpec
 from edgesched.trace import DeviceTrace
 
@@ -134,11 +134,11 @@ class VirtualDevice:
         return self.online and now >= self.down_until and (self.power is None or self.charge(now, dyn) > 0)
 
     def train_seconds(self, macs_per_sample: int, samples: int, at: float | None) -> float:
-        """Training time without slowdowns: the board's, or the trace's at `at` (None: its median)."""
-        if self.trace is None:
+        """Training time without slowdowns: the board's (a replayed device's runs at its trace's
+        median speed), or, replayed, the trace's at `at`."""
+        if self.trace is None or at is None:
             return self.board.train_seconds(macs_per_sample, samples)
-        speed = self.trace.median_speed() if at is None else self.trace.near(at).gmacs_per_s
-        return TRAIN_MACS_PER_FORWARD_MAC * macs_per_sample * samples / (speed * 1e9)
+        return train_seconds(macs_per_sample, samples, self.trace.near(at).gmacs_per_s)
 
     def background(self, now: float, dyn: Dynamics) -> float:
         """Extra slowdown from other work (0.2 = 20 % slower), constant within a load period."""

@@ -46,7 +46,7 @@ class FlowerTransport:
         if not pushed:  # e.g. the node left between planning and sending
             raise Unsent("Flower refused the message")
         self.bytes_down += sum(w.nbytes for w in model)
-        traced = self.nodes.memory.devices.get(node)
+        traced = self.nodes.memory.devices.get(node) if self.trace is not None else None
         if self.trace is not None and traced is not None:
             bounds = self.bounds(device, order)
             self.trace.sent(pushed[0], traced, time.time(), bounds.max_steps * bounds.batch_size)
