@@ -17,6 +17,7 @@ import numpy as np
 
 from edgesched.core.clock import Clock
 from edgesched.core.predict import Predictions, Predictor
+from edgesched.core.readings import Readings
 from edgesched.core.risk import DropoutModel, RiskConfig
 from edgesched.core.telemetry import Heartbeat
 from edgesched.simulations.devices import Job, VirtualFleet
@@ -57,8 +58,7 @@ class OraclePredictor(Predictor):
         super().__init__(model_bytes)
         self._foresight = foresight
 
-    def predict_all(self, devices: Sequence[str], heartbeats: Sequence[Heartbeat | None],
-                    boards: Sequence[str | None]) -> Predictions:
+    def predict_all(self, devices: Sequence[str], readings: Readings, boards: Sequence[str | None]) -> Predictions:
         jobs = [self._foresight.job(device) for device in devices]
         sizes = [max(self._foresight.samples(device), 1) for device in devices]
         return Predictions(np.array([job.compute_s / size for job, size in zip(jobs, sizes, strict=True)]),
@@ -78,6 +78,6 @@ class OracleRisk(DropoutModel):
         super().__init__(RiskConfig(battery_reserve=battery_reserve))
         self._foresight = foresight
 
-    def risks(self, devices: Sequence[str], job_seconds: np.ndarray, heartbeats: Sequence[Heartbeat | None],
+    def risks(self, devices: Sequence[str], job_seconds: np.ndarray, readings: Readings,
               hazards: np.ndarray | None = None) -> np.ndarray:
         return np.array([0.0 if self._foresight.job(device).delivers else 1.0 for device in devices])

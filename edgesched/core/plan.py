@@ -96,8 +96,9 @@ class Assignment:
 class Plan:
     deadline_s: float
     assignments: list[Assignment]
-    skipped: dict[str, str]  # device -> why it was not chosen
+    skipped: dict[str, str]  # device -> why it was not chosen (not listed: eligible, but enough were)
     expected_updates: float
+    chosen: list[int]  # each assignment's index among the candidates
 
 
 def choose_deadline(cands: Candidates, cfg: PlanConfig, stretch: float = 1.0) -> float:
@@ -148,21 +149,27 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     order = np.lexsort((np.array(cands.devices), -value / weight))
 
     chosen: list[Assignment] = []
+    picked: list[int] = []
     expected = traffic = 0.0
     skipped: dict[str, str] = {}
+    considered = 0
     for i in order:
+        if expected >= cfg.target_updates:
+            break
+        considered += 1
         device = cands.devices[i]
         if not eligible[i]:
             skipped[device] = str(reason[i])
-        elif expected >= cfg.target_updates:
-            skipped[device] = "enough"
         elif len(chosen) >= slots or traffic + cands.transfer_bytes[i] > traffic_budget:
             skipped[device] = "capacity"
         else:
             chosen.append(_assign(cands, i, work[i], int(late[i]), bound_cap, float(value[i]), cfg, steps_per_window))
+            picked.append(int(i))
             expected += 1 - cands.risk[i]
             traffic += cands.transfer_bytes[i]
-    return Plan(deadline, chosen, skipped, expected)
+    rest = order[considered:]  # not needed: enough were chosen; only why the ineligible ones were not is news
+    skipped.update((cands.devices[i], str(reason[i])) for i in rest[~eligible[rest]])
+    return Plan(deadline, chosen, skipped, expected, picked)
 
 
 def _assign(cands: Candidates, i: int, work: float, late: int, bound_cap: int, value: float,

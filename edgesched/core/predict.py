@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
 
-from edgesched.core.telemetry import Heartbeat
+from edgesched.core.readings import Readings
+from edgesched.core.telemetry import NET_TYPES, Heartbeat
 
 # Training a sample (forward, backward, update) costs this many times inferring it with
 # onnxruntime; measured on one x86 core: 5.8 for the fmnist CNN, 3.8 for the hapt CNN. A prior
@@ -80,24 +80,17 @@ class _Learned:
     tested_sps: float | None = None  # seconds per sample from the agent's speed test
 
 
-_UNSEEN = _Learned()  # read-only: what is known of a device before anything is
 _LEARNED = ("max_freq_mhz", "tested_sps", "log_sps", "log_transfer", "err_var")
-# Read for a device without a heartbeat: no load, no clock, a link of unknown kind.
-_SILENT = Heartbeat("silent", 0, 0, 0.0, cpu_percent=0.0, load1=0.0, mem_available_mb=0.0, mem_total_mb=0.0)
+_UNSEEN_ROW = (0.0, math.nan, math.nan, math.nan, math.nan)  # what is known of a device before anything is
+_KBPS = np.array([LINK_PRIOR_KBPS[kind] for kind in NET_TYPES])  # by Readings' net_type index
 
 
-def _column(rows: Sequence[object], name: str) -> np.ndarray:
-    """Field `name` of every row, as floats: None reads as nan, a flag as 0 or 1."""
-    values = map(attrgetter(name), rows)
-    return np.fromiter((math.nan if v is None else v for v in values), np.float64, len(rows))
-
-
-def _slowdowns(heartbeats: Sequence[Heartbeat], top_mhz: np.ndarray) -> np.ndarray:
+def _slowdowns(readings: Readings, top_mhz: np.ndarray) -> np.ndarray:
     """How much slower than its best each device computes now, from its heartbeat.
 
     Other work takes its share of the CPU (`cpu_percent` between jobs), and a clock below the
     highest one seen (`top_mhz`: throttling) slows every step in proportion."""
-    cpu, freq, throttled = (_column(heartbeats, name) for name in ("cpu_percent", "cpu_freq_mhz", "throttled"))
+    cpu, freq, throttled = readings["cpu_percent"], readings["cpu_freq_mhz"], readings["throttled"]
     factor: np.ndarray = 1.0 / (1.0 - np.minimum(cpu / 100.0, 0.9))
     clocked = (freq > 0) & (top_mhz > freq)
     factor[clocked] *= top_mhz[clocked] / freq[clocked]
@@ -121,10 +114,17 @@ class Predictor:
             learned = self._devices[device] = _Learned()
         return learned
 
-    def _seen(self, device: str) -> _Learned:
-        """The device's learned state, to read: planning reads every registered device each
-        round, and an unseen one's defaults need neither a new object nor a place in the table."""
-        return self._devices.get(device, _UNSEEN)
+    def _learned(self, devices: Sequence[str]) -> np.ndarray:
+        """The `_LEARNED` fields of each device, one row each (nan: not known). Planning reads
+        every registered device each round, most of them never seen on a large fleet: only the
+        seen ones are read field by field."""
+        table = np.tile(np.array(_UNSEEN_ROW), (len(devices), 1))
+        get = self._devices.get
+        for i, device in enumerate(devices):
+            learned = get(device)
+            if learned is not None:
+                table[i] = [math.nan if (v := getattr(learned, name)) is None else v for name in _LEARNED]
+        return table
 
     def note_heartbeat(self, device: str, hb: Heartbeat) -> None:
         learned = self._get(device)
@@ -136,22 +136,19 @@ class Predictor:
         self._get(device).tested_sps = TRAIN_OVER_INFER / infer_samples_per_s
 
     def slowdown(self, device: str, hb: Heartbeat | None) -> float:
-        return float(_slowdowns([hb if hb is not None else _SILENT], np.array([self._seen(device).max_freq_mhz]))[0])
+        return float(_slowdowns(Readings([hb]), self._learned([device])[:, 0])[0])
 
     def predict(self, device: str, hb: Heartbeat | None = None, board: str | None = None) -> Prediction:
-        return self.predict_all([device], [hb], [board]).at(0)
+        return self.predict_all([device], Readings([hb]), [board]).at(0)
 
-    def predict_all(self, devices: Sequence[str], heartbeats: Sequence[Heartbeat | None],
-                    boards: Sequence[str | None]) -> Predictions:
-        """`predict` for many devices at once, as arrays: a plan predicts every registered
-        device, 100,000 on a large fleet, so the work per device is gathering its numbers."""
+    def predict_all(self, devices: Sequence[str], readings: Readings, boards: Sequence[str | None]) -> Predictions:
+        """`predict` for many devices at once, as arrays (`readings`: their heartbeats'): a plan
+        predicts every registered device, 100,000 on a large fleet, so the work per device is
+        gathering its numbers."""
         c = self.config
-        get = self._devices.get
-        hbs = [hb if hb is not None else _SILENT for hb in heartbeats]
-        seen = [get(device, _UNSEEN) for device in devices]
-        reported, rtt = _column(hbs, "train_samples_per_s"), _column(hbs, "rtt_ms")
-        top, tested, log_sps, log_transfer, err_var = (_column(seen, name) for name in _LEARNED)
-        factor = _slowdowns(hbs, top)
+        reported, rtt = readings["train_samples_per_s"], readings["rtt_ms"]
+        top, tested, log_sps, log_transfer, err_var = self._learned(devices).T
+        factor = _slowdowns(readings, top)
         # seconds per sample, from the best source each device has
         sps = np.array([self.class_sps.get(b, math.nan) if b is not None else math.nan for b in boards])
         if np.isnan(sps).any():
@@ -163,7 +160,7 @@ class Predictor:
         learned = ~np.isnan(log_sps)
         sps[learned] = np.exp(log_sps[learned])
         # transfer: learned, else the link's prior speed and round trip
-        kbps = np.array([LINK_PRIOR_KBPS[hb.net_type] for hb in hbs])
+        kbps = _KBPS[readings["net_type"].astype(np.int64)]
         transfer = 2 * (np.nan_to_num(rtt) / 1000.0 + self.model_bytes / (kbps * 1000.0))
         known = ~np.isnan(log_transfer)
         transfer[known] = np.exp(log_transfer[known])
@@ -206,7 +203,8 @@ class Predictor:
             learned.err_var = max(learned.err_var or 0.0, (floor - learned.log_sps) ** 2)
 
     def jobs_seen(self, device: str) -> int:
-        return self._seen(device).jobs
+        learned = self._devices.get(device)
+        return 0 if learned is None else learned.jobs
 
     def _fleet_median_sps(self) -> float:
         if self._median_sps is None:

@@ -13,11 +13,12 @@ Three causes, combined as independent:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from edgesched.core.readings import Readings
 from edgesched.core.telemetry import Heartbeat
 
 
@@ -40,9 +41,6 @@ class _Record:
     seen_at: float | None = None
 
 
-_UNSEEN = _Record()  # read-only: the record of a device never seen
-
-
 class DropoutModel:
     def __init__(self, config: RiskConfig | None = None) -> None:
         self.config = config or RiskConfig()
@@ -58,11 +56,15 @@ class DropoutModel:
             record = self._records[device] = _Record()
         return record
 
-    def _seen(self, devices: Iterable[str]) -> list[_Record]:
-        """The devices' records, to read; an unseen device's is empty and not stored (a plan
-        reads every registered device)."""
+    def _job_counts(self, devices: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each device's jobs and lost jobs; only the devices that had jobs are read one by one."""
+        jobs, lost = np.zeros(len(devices)), np.zeros(len(devices))
         get = self._records.get
-        return [get(device, _UNSEEN) for device in devices]
+        for i, device in enumerate(devices):
+            record = get(device)
+            if record is not None:
+                jobs[i], lost[i] = record.jobs, record.lost
+        return jobs, lost
 
     def note_presence(self, device: str, online: bool, now: float, busy: bool = False) -> None:
         """Feed the registry's view at `now`: time online between jobs and departures accumulate.
@@ -92,38 +94,40 @@ class DropoutModel:
 
     def hazard(self, device: str) -> float:
         """The device's departures per online second between jobs, shrunk toward the fleet's."""
-        return self.hazards([device])[0]
+        return float(self.hazards([device])[0])
 
-    def hazards(self, devices: Iterable[str]) -> list[float]:
-        """`hazard` of each device: planning asks it of every registered device each round."""
+    def hazards(self, devices: Sequence[str]) -> np.ndarray:
+        """`hazard` of each device: planning asks it of every registered device each round,
+        most of them never seen on a large fleet (those have the fleet's rate)."""
         if not self.config.churn:
-            return [0.0 for _ in devices]
+            return np.zeros(len(devices))
         # The fleet's rate itself starts from none seen in `prior_online_s`: on a gateway, boards
         # idle only seconds between jobs, and two departures in the first minute of idle time
         # must not read as a fleet whose boards stay half a minute.
         prior = self.config.prior_online_s
         fleet_hazard = self._departures / (self._online_s + prior)
-        return [(r.departures + prior * fleet_hazard) / (r.online_s + prior) for r in self._seen(devices)]
+        rates = np.full(len(devices), prior * fleet_hazard / prior)  # as below, of nothing seen (to the bit)
+        get = self._records.get
+        for i, device in enumerate(devices):
+            r = get(device)
+            if r is not None:
+                rates[i] = (r.departures + prior * fleet_hazard) / (r.online_s + prior)
+        return rates
 
     def risk(self, device: str, job_seconds: float, hb: Heartbeat | None) -> float:
-        return float(self.risks([device], np.array([job_seconds]), [hb])[0])
+        return float(self.risks([device], np.array([job_seconds]), Readings([hb]))[0])
 
-    def risks(self, devices: Sequence[str], job_seconds: np.ndarray, heartbeats: Sequence[Heartbeat | None],
+    def risks(self, devices: Sequence[str], job_seconds: np.ndarray, readings: Readings,
               hazards: np.ndarray | None = None) -> np.ndarray:
-        """`risk` of each device for a job of `job_seconds` (`hazards`: already known; a plan
-        computes them once for every registered device)."""
+        """`risk` of each device for a job of `job_seconds` (`readings`: their heartbeats';
+        `hazards`: already known; a plan computes them once for every registered device)."""
         c = self.config
-        records = self._seen(devices)
-        lost = np.array([r.lost for r in records], dtype=np.float64)
-        jobs = np.array([r.jobs for r in records], dtype=np.float64)
+        jobs, lost = self._job_counts(devices)
         p_job = (lost + c.prior_strength * self.fleet_rate()) / (jobs + c.prior_strength)
-        rate = np.asarray(self.hazards(devices) if hazards is None else hazards, dtype=np.float64)
+        rate = self.hazards(devices) if hazards is None else hazards
         p_leave = 1.0 - np.exp(-rate * job_seconds)
-        flat = [hb is not None and hb.battery_percent is not None and not hb.charging
-                and hb.battery_percent < c.battery_reserve for hb in heartbeats]
-        hot = [hb is not None and bool(hb.throttled) for hb in heartbeats]
-        slow_link = [hb is not None and hb.rtt_ms is not None and hb.rtt_ms > c.slow_rtt_ms for hb in heartbeats]
-        strained = np.array(hot, dtype=bool) | np.array(slow_link, dtype=bool)
-        p_state = np.maximum(np.where(np.array(flat, dtype=bool), 0.5, 0.0), np.where(strained, 0.1, 0.0))
+        flat = (readings["battery_percent"] < c.battery_reserve) & ~(readings["charging"] > 0)  # nan: no battery
+        strained = (readings["throttled"] > 0) | (readings["rtt_ms"] > c.slow_rtt_ms)
+        p_state = np.maximum(np.where(flat, 0.5, 0.0), np.where(strained, 0.1, 0.0))
         risk: np.ndarray = 1.0 - (1.0 - p_job) * (1.0 - p_leave) * (1.0 - p_state)
         return risk

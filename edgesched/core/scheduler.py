@@ -43,6 +43,7 @@ from edgesched.core.feedback import ConvergenceMonitor, FeedbackConfig, Knobs
 from edgesched.core.fleet import DeviceView
 from edgesched.core.plan import Assignment, Candidates, PlanConfig, choose_deadline, plan_round
 from edgesched.core.predict import Prediction, Predictions, Predictor
+from edgesched.core.readings import Readings
 from edgesched.core.risk import DropoutModel, RiskConfig
 from edgesched.core.telemetry import Heartbeat
 from edgesched.core.validate import GuardConfig, UpdateGuard, Verdict
@@ -142,11 +143,13 @@ class Scheduler:
         quarantined = self.guard.held(now)
         held = [v.device for v in views if v.device in quarantined] if quarantined else []
         working = [v for v in views if v.device not in quarantined] if quarantined else list(views)
-        free = [i for i, v in enumerate(working) if v.device not in busy]
-        if slots is None:
+        free = [i for i, v in enumerate(working) if v.device not in busy] if busy else list(range(len(working)))
+        if slots is None and len(free) < len(working):
             working = [working[i] for i in free]
             free = list(range(len(working)))
-        everyone, predictions, hazards = self._candidates(working)
+        everyone_free = len(free) == len(working)  # then the candidates are everyone, as they are
+        readings = Readings([v.heartbeat for v in working])
+        everyone, predictions, hazards = self._candidates(working, readings)
         knobs = self.monitor.knobs
         # The monitor lowers max-epochs one at a time; never below the least work a job may be.
         least = math.ceil(self.config.plan.min_epochs)
@@ -160,15 +163,16 @@ class Scheduler:
         cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(most, least),
                             "max_staleness": knobs.max_staleness, **streaming})
         self.deadline = choose_deadline(everyone, cfg, self.stretch)
-        cands = everyone.take(free)
-        views = [working[i] for i in free]
-        cands.risk[:] = self.risk.risks(cands.devices, cands.epochs_s(), [v.heartbeat for v in views], hazards[free])
+        if not everyone_free:
+            everyone, readings, hazards = everyone.take(free), readings.take(free), hazards[free]
+        cands = everyone
+        cands.risk[:] = self.risk.risks(cands.devices, cands.epochs_s(), readings, hazards)
         plan = plan_round(cands, self.deadline, cfg, steps_per_window=None if slots is None else steps_per_window)
-        position = {device: free[i] for i, device in enumerate(cands.devices)} if plan.assignments else {}
-        self._planned.update((a.device, predictions.at(position[a.device])) for a in plan.assignments)
+        self._planned.update((a.device, predictions.at(free[i])) for a, i in zip(plan.assignments, plan.chosen,
+                                                                                   strict=True))
         if slots is None:
             self._due = sum(1 for a in plan.assignments if a.staleness == 0)
-        self.log.append(RoundPlanned(now, rnd, self.deadline, self.stretch, len(views), len(busy),
+        self.log.append(RoundPlanned(now, rnd, self.deadline, self.stretch, len(free), len(busy),
                                      len(plan.assignments), float(plan.expected_updates)))
         for a in plan.assignments:
             self.log.append(Selected(now, rnd, a.device, a.samples, a.steps, a.epochs, a.predicted_s,
@@ -176,11 +180,11 @@ class Scheduler:
                                      a.risk, a.utility))
         skipped = {**plan.skipped, **dict.fromkeys(held, "quarantined")}
         for device, why in skipped.items():
-            if why != "enough":  # the long tail of capable devices not needed is not news
-                self.log.append(Skipped(now, rnd, device, why))
+            self.log.append(Skipped(now, rnd, device, why))
         return plan.assignments
 
-    def _candidates(self, views: Sequence[DeviceView]) -> tuple[Candidates, Predictions, np.ndarray]:
+    def _candidates(self, views: Sequence[DeviceView], readings: Readings
+                    ) -> tuple[Candidates, Predictions, np.ndarray]:
         """Every device's predicted speed, transfer, loss, battery and stay as aligned arrays,
         with the predictions and each device's departure rate. Column by column: a plan sees
         every registered device, 100,000 on a large fleet."""
@@ -190,11 +194,10 @@ class Scheduler:
         known = [loss for loss in self._loss.values() if math.isfinite(loss)]
         mean_loss = float(np.mean(known)) if known else 1.0
         devices = [v.device for v in views]
-        heartbeats = [v.heartbeat for v in views]
-        preds = self.predictor.predict_all(devices, heartbeats, [v.board for v in views])
+        preds = self.predictor.predict_all(devices, readings, [v.board for v in views])
         high = np.exp(self.predictor.config.quantile_z * preds.log_sd)
         sps = preds.seconds_per_sample * high
-        hazards = np.array(self.risk.hazards(devices), dtype=np.float64)
+        hazards = self.risk.hazards(devices)
         with np.errstate(divide="ignore"):
             stay_s = np.where(hazards > 0, 1.0 / hazards, math.inf)
         cands = Candidates(
@@ -205,18 +208,17 @@ class Scheduler:
             risk=np.zeros(len(views)),
             loss=np.array([self._loss.get(d, mean_loss) for d in devices], dtype=np.float64),
             idle_rounds=np.array([self.round - self._last_round.get(d, 0) for d in devices], dtype=np.float64),
-            energy_samples=self._energy_samples(views, sps),
-            fits_memory=np.array([hb is None or hb.mem_available_mb >= self.config.job_memory_mb
-                                  for hb in heartbeats], dtype=bool),
+            energy_samples=self._energy_samples(views, readings, sps),
+            fits_memory=~(readings["mem_available_mb"] < self.config.job_memory_mb),  # nan: no heartbeat
             transfer_bytes=np.full(len(views), 2.0 * self.predictor.model_bytes),
             stay_s=stay_s,
         )
         return cands, preds, hazards
 
-    def _energy_samples(self, views: Sequence[DeviceView], seconds_per_sample: np.ndarray) -> np.ndarray:
+    def _energy_samples(self, views: Sequence[DeviceView], readings: Readings,
+                        seconds_per_sample: np.ndarray) -> np.ndarray:
         """Samples each battery allows before it reaches the reserve (inf: mains or charging)."""
-        percent = np.array([math.nan if hb is None or hb.battery_percent is None or hb.charging
-                            else hb.battery_percent for hb in (v.heartbeat for v in views)], dtype=np.float64)
+        percent = np.where(readings["charging"] > 0, math.nan, readings["battery_percent"])
         unplugged = ~np.isnan(percent)
         drain = np.array([v.battery_drain_pct_s if v.battery_drain_pct_s and v.battery_drain_pct_s > 0
                           else DEFAULT_DRAIN_PCT_PER_S for v in views], dtype=np.float64)

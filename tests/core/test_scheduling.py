@@ -14,9 +14,10 @@ from edgesched.core.feedback import ConvergenceMonitor, Knobs
 from edgesched.core.fleet import DeviceView, device_view
 from edgesched.core.plan import Assignment, Candidates, PlanConfig, choose_deadline, plan_round
 from edgesched.core.predict import TRAIN_OVER_INFER, Predictor, PredictorConfig
+from edgesched.core.readings import Readings
 from edgesched.core.registry import DeviceState
 from edgesched.core.scheduler import Scheduler, SchedulerConfig
-from edgesched.core.telemetry import Capabilities, Heartbeat
+from edgesched.core.telemetry import NET_TYPES, Capabilities, Heartbeat
 
 
 def candidates(sps: list[float], transfer: list[float], samples: int = 600, **over: object) -> Candidates:
@@ -115,6 +116,27 @@ def test_gateway_traffic_budget_limits_the_round():
     cfg = PlanConfig(target_updates=10, gateway_bytes_per_s=1e6)  # 5 s x 1 MB/s = 5 jobs of 1 MB
     plan = plan_round(cands, 5.0, cfg)
     assert len(plan.assignments) == 5 and set(plan.skipped.values()) == {"capacity"}
+
+
+def test_a_plan_says_why_each_ineligible_device_was_left_out_and_names_each_chosen_ones_place():
+    # d0-d3 are fast; d4 is out of memory and d5 too slow, both ranked after enough were chosen.
+    cands = candidates(sps=[0.001] * 4 + [0.001, 1.0], transfer=[0.1] * 6,
+                       fits_memory=np.array([True] * 4 + [False, True]))
+    plan = plan_round(cands, 5.0, PlanConfig(target_updates=2, max_staleness=0))
+    assert plan.skipped == {"d4": "memory", "d5": "too_slow"}  # d2, d3: not needed, not news
+    assert [cands.devices[i] for i in plan.chosen] == [a.device for a in plan.assignments]
+
+
+def test_readings_are_each_heartbeats_numbers_and_a_silent_device_is_idle_and_unknown():
+    full = hb("a", 1.0, cpu_percent=40.0, cpu_freq_mhz=1500.0, throttled=True, battery_percent=35.0,
+              charging=False, net_type="cellular", rtt_ms=80.0, train_samples_per_s=250.0)
+    readings = Readings([full, hb("b", 1.0), None])
+    assert list(readings["cpu_percent"]) == [40.0, 0.0, 0.0]
+    assert readings["throttled"][0] == 1.0 and readings["charging"][0] == 0.0
+    assert readings["battery_percent"][0] == 35.0 and np.isnan(readings["battery_percent"][1:]).all()
+    assert list(readings["net_type"]) == [NET_TYPES.index("cellular")] + [NET_TYPES.index("unknown")] * 2
+    assert list(readings["mem_available_mb"][:2]) == [2000.0, 2000.0] and np.isnan(readings["mem_available_mb"][2])
+    assert list(readings.take([2, 0])["rtt_ms"][1:]) == [80.0]
 
 
 def sent(s: Scheduler, a: Assignment, job_id: str, now: float = 0.0) -> Job:
@@ -260,7 +282,8 @@ def test_predicting_a_fleet_at_once_gives_each_device_what_it_is_given_alone():
              ("clocked", hb("clocked", 1.0, cpu_freq_mhz=600.0, rtt_ms=80.0), "pi"),
              ("hot", hb("hot", 1.0, throttled=True, net_type="cellular"), "phone"),
              ("unknown-board", hb("unknown-board", 1.0), "toaster"), ("silent", None, None)]
-    together = p.predict_all(*(list(column) for column in zip(*fleet, strict=True)))
+    devices, heartbeats, boards = (list(column) for column in zip(*fleet, strict=True))
+    together = p.predict_all(devices, Readings(heartbeats), boards)
     alone = [p.predict(device, heartbeat, board) for device, heartbeat, board in fleet]
     assert [together.at(i) for i in range(len(fleet))] == alone
     by = dict(zip([d for d, _, _ in fleet], alone, strict=True))
