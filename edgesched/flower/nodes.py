@@ -56,7 +56,8 @@ class FlowerFleet:
                  dataset: str | None = None, memory: FleetMemory | None = None, identify: bool = False,
                  trace: TraceRecorder | None = None) -> None:
         """`identify`: ask every node (as when there is telemetry), so boards can declare their own data;
-        `trace`: told, whenever the fleet is read, which devices the registry has online."""
+        `trace`: told, whenever the fleet is read, which devices the registry has online and
+        linked to a Flower node (those the gateway can send work)."""
         self._grid = grid
         self._trace = trace
         self._identify = identify or telemetry is not None
@@ -118,8 +119,8 @@ class FlowerFleet:
             return {}
         snapshot = self._telemetry.snapshot()
         if self._trace is not None:
-            for state in snapshot.devices.values():
-                self._trace.presence(state.device_id, state.online, snapshot.taken_at)
+            for state in snapshot.devices.values():  # usable: heard, and its Flower node known
+                self._trace.presence(state.device_id, state.online and state.node_id is not None, snapshot.taken_at)
         return {s.node_id: s for s in snapshot.devices.values() if s.node_id is not None}
 
     def views(self, now: float) -> list[DeviceView]:

@@ -7,6 +7,7 @@ it), so this checks per-client ConfigRecords and the device-id <-> node-id link 
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import numpy as np
@@ -435,4 +436,19 @@ def test_a_gateway_run_with_telemetry_writes_the_fleets_trace(tmp_path):
     assert 0 < recorded.period_s <= time.time() - started
     trained = set().union(*seen)
     assert trained and all(trace.jobs.get(device) for device in trained)  # each job that came back was timed
-    assert all(d.intervals[0].gmacs_per_s > 0 and d.online_share() == 1.0 for d in recorded.devices)
+    for device in recorded.devices:  # online from when its node was known to the end, in one spell
+        assert device.intervals[0].gmacs_per_s > 0 and device.intervals[-1].end_s == recorded.period_s
+        assert all(a.end_s == b.start_s for a, b in zip(device.intervals, device.intervals[1:], strict=False))
+
+
+def test_a_traced_device_is_online_from_when_the_gateway_can_send_it_work():
+    """Its agent is heard first; until its Flower node is known, the gateway cannot use it."""
+    from edgesched.trace import TraceRecorder
+
+    trace = TraceRecorder(1000)
+    fleet = FlowerFleet(LocalGrid(NODE_CONFIGS), RecordingTelemetry(), sizes=[10, 10, 10], trace=trace)
+    fleet.views(time.time())  # the registry has them online; the nodes are asked who they are
+    assert trace.origin is not None and not any(trace.spells.values())
+    fleet.views(time.time())  # answered: each device linked to its node
+    assert all(spells and spells[-1][1] == math.inf for spells in trace.spells.values())
+    assert set(trace.spells) == set(NODES.values())
