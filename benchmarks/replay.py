@@ -152,7 +152,7 @@ def tune_run(spec: FleetSpec, setting: str, budget: float) -> tuple[dict, list[d
     from edgesched.simulations.fleet_run import simulate_fleet
 
     out = Path(tempfile.mkdtemp(prefix="replay-"))
-    summary = simulate_fleet(spec.with_overrides(rounds=10_000, time_budget=budget,
+    summary = simulate_fleet(spec.with_overrides(strategy="edgesched", rounds=10_000, time_budget=budget,
                                                  scheduler=parse_scheduler_keys(setting)), out / "run",
                              engine="in-process")
     return summary, list(csv.DictReader((out / "run" / "rounds.csv").open()))
