@@ -29,9 +29,6 @@ class Readings:
         rows = [_SILENT if hb is None else hb.readings for hb in heartbeats]
         self.table = np.array(rows, dtype=np.float64).reshape(len(rows), len(READINGS))
 
-    def __len__(self) -> int:
-        return len(self.table)
-
     def __getitem__(self, name: str) -> np.ndarray:
         column: np.ndarray = self.table[:, READINGS.index(name)]
         return column
