@@ -24,9 +24,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from edgesched import local_data, partition
+from edgesched.clients import compressed
 from edgesched.clients.job_report import mark_training, state_dir, write_job_report
 from edgesched.files import atomic_write
-from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, METRICS, job_seed
+from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, ENCODING, METRICS, job_seed
 
 if TYPE_CHECKING:
     from torch import nn
@@ -53,7 +54,7 @@ def train_job(msg: Message, context: Context) -> Message:
     board = "device-id" in context.node_config  # a real board, with an agent beside it
     if board:
         mark_training(_device_id(context))
-    task, job, model, x, y = _prepare(msg, context)
+    task, job, model, x, y, start = _prepare(msg, context)
     report = task.train(
         model,
         x,
@@ -68,14 +69,20 @@ def train_job(msg: Message, context: Context) -> Message:
     if board:  # hand the speed to its agent
         write_job_report(_device_id(context), report.samples_per_second, report.seconds)
     metrics = {"num-examples": len(y), "partition-id": int(job["partition-id"]), **report.as_metrics()}
-    return _reply(msg, context, ArrayRecord(model.state_dict()), metrics)
+    if start is None:
+        return _reply(msg, context, ArrayRecord(model.state_dict()), metrics)
+    trained = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    arrays, encoding = compressed.compress_update(start, trained, job, _job_state(context))
+    reply = _reply(msg, context, arrays, metrics)
+    reply.content[ENCODING] = encoding
+    return reply
 
 
 @app.evaluate()
 def evaluate_job(msg: Message, context: Context) -> Message:
     """Score the global model on the partition; with node config `evaluate-with=onnxruntime`, the
     way the board will run it once shipped (the ONNX export, in onnxruntime)."""
-    task, job, model, x, y = _prepare(msg, context)
+    task, job, model, x, y, _ = _prepare(msg, context)
     if context.node_config.get("evaluate-with", "torch") == "onnxruntime":
         from edgesched.export import evaluate_onnx, to_onnx
 
@@ -88,16 +95,30 @@ def evaluate_job(msg: Message, context: Context) -> Message:
     return _reply(msg, context, None, metrics)
 
 
-def _prepare(msg: Message, context: Context) -> tuple[Task, ConfigRecord, nn.Module, np.ndarray, np.ndarray]:
-    """The job's task and config, the global model it carries, and the data it trains on."""
+def _prepare(msg: Message, context: Context) -> tuple[Task, ConfigRecord, nn.Module, np.ndarray, np.ndarray,
+                                                      compressed.Weights | None]:
+    """The job's task and config, the global model it carries, the data it trains on, and, for a
+    compressed job, the model as rebuilt (what its update is the change from)."""
+    import torch
+
     from edgesched.tasks import resolve
 
     job = msg.content[CONFIG]
     task = resolve(str(job["dataset"]))
     x, y = _local_data(task, job, context)
     model = task.build()
-    model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
-    return task, job, model, x, y
+    if not compressed.is_compressed(job):
+        model.load_state_dict(msg.content[ARRAYS].to_torch_state_dict())
+        return task, job, model, x, y, None
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    start = compressed.rebuild(msg.content[ARRAYS], job, shapes, _job_state(context))
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in start.items()})
+    return task, job, model, x, y, start
+
+
+def _job_state(context: Context) -> Path:
+    """Where this board keeps a run's compressed-job state (the rebuilt models, the residual)."""
+    return state_dir() / _device_id(context) / f"run-{context.run_id}"
 
 
 def _reply(msg: Message, context: Context, arrays: ArrayRecord | None, metrics: dict[str, float | int]) -> Message:

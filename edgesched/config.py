@@ -34,6 +34,7 @@ DATASETS = ("fmnist", "hapt", "digits")  # the shipped tasks (edgesched.tasks)
 TASK_PATH = r"([\w.]+|[^:]+\.py):([A-Za-z_]\w*)"
 PARTITIONERS = ("iid", "dirichlet", "dirichlet-balanced", "natural", "sampled")
 ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines updates
+COMPRESSION = ("off", "adaptive", "8", "4", "2")  # updates' width (edgesched.core.compress)
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
 PACE_CHOICES = ("learned", *PACES)  # the adaptive scheduler's pace (edgesched.core.pace)
 ENGINES = ("ray", "in-process")  # where a virtual fleet's real training runs (edgesched.simulations)
@@ -109,6 +110,8 @@ class SchedulerSettings:
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
     pace: str = "learned"  # when devices get work and the server steps: "stream", "rounds", or "learned" in the run
+    compression: str = "off"  # "adaptive" per job from the device's link, or a fixed width in bits
+    max_transfer_share: float = 0.1  # adaptive: the widest update whose transfers stay within this share of a job
 
     def __post_init__(self) -> None:
         _require(self.max_epochs >= 1, "max-epochs", "must be >= 1", self.max_epochs)
@@ -129,6 +132,9 @@ class SchedulerSettings:
         _require(self.robust_aggregation in ROBUST, "robust-aggregation", f"must be one of {', '.join(ROBUST)}",
                  self.robust_aggregation)
         _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
+        _require(self.compression in COMPRESSION, "compression", f"must be one of {', '.join(COMPRESSION)}",
+                 self.compression)
+        _require(0 < self.max_transfer_share < 1, "max-transfer-share", "must be in (0, 1)", self.max_transfer_share)
 
 
 @dataclass(frozen=True)

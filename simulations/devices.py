@@ -262,12 +262,14 @@ class VirtualFleet:
         times = [t for d in self.devices for t in (d.next_toggle, d.next_plug_toggle, d.down_until) if t > now]
         return min(times, default=math.inf)
 
-    def job(self, index: int, now: float, samples: int) -> Job:
-        """Draw the timeline of a job of `samples` training samples dispatched at `now`."""
+    def job(self, index: int, now: float, samples: int, moved: tuple[int, int] | None = None) -> Job:
+        """Draw the timeline of a job of `samples` training samples dispatched at `now`, carrying
+        `moved` bytes down and up (None: the float32 model each way)."""
         device = self.devices[index]
         rng, dyn = device.streams[JOBS], self.dyn
+        down_bytes, up_bytes = moved if moved is not None else (self.model_bytes, self.model_bytes)
         start = max(now, device.busy_until)
-        download = self._transfer(device, device.down, start)
+        download = self._transfer(device, device.down, start, down_bytes)
         compute_start = start + download
         full = device.train_seconds(self.model_macs, samples, compute_start) * \
             (1.0 + device.background(compute_start, dyn))
@@ -275,7 +277,7 @@ class VirtualFleet:
         if device.thermal is not None:
             compute, _ = device.thermal.compute(device.temperature(compute_start), full)
             throttled = compute > full
-        upload = self._transfer(device, device.up, start)
+        upload = self._transfer(device, device.up, start, up_bytes)
         end = compute_start + compute + upload
         causes = []
         if rng.random() < dyn.dropout:
@@ -315,15 +317,19 @@ class VirtualFleet:
             overhead = statistics.median(i.overhead_s for i in device.trace.intervals)
             return device.train_seconds(self.model_macs, samples, None) + overhead
         return (device.board.train_seconds(self.model_macs, samples)
-                + self._link_s(device, device.down[0]) + self._link_s(device, device.up[0]))
+                + self._link_s(device, device.down[0], self.model_bytes)
+                + self._link_s(device, device.up[0], self.model_bytes))
 
-    def _transfer(self, device: VirtualDevice, link: tuple[float, float], at: float) -> float:
-        if device.trace is not None:  # half of the traced job's overhead before training, half after
+    def _transfer(self, device: VirtualDevice, link: tuple[float, float], at: float, nbytes: int) -> float:
+        """One transfer's time. A traced device's is the trace's, half of its job's overhead before
+        training and half after, whatever the bytes: a trace does not say how much of that
+        overhead was the link's (on the loopback boards, nearly all of it was process start-up)."""
+        if device.trace is not None:
             return device.trace.near(at).overhead_s / 2
         mean, sd = link
         kbps = mean if not self.dyn.bandwidth_noise else max(device.streams[JOBS].normal(mean, sd),
                                                                 BANDWIDTH_FLOOR * mean)
-        return self._link_s(device, kbps)
+        return self._link_s(device, kbps, nbytes)
 
-    def _link_s(self, device: VirtualDevice, kbps: float) -> float:
-        return device.network.latency_s + self.model_bytes / (kbps * 1000.0)
+    def _link_s(self, device: VirtualDevice, kbps: float, nbytes: int) -> float:
+        return device.network.latency_s + nbytes / (kbps * 1000.0)

@@ -86,7 +86,7 @@ class FlowerGridFace(Grid):
         dropped = sum(1 for job in jobs if not job.delivers)
         ended = deadline if (late or dropped) else max(job.end for job in jobs)
         clock.advance(ended)
-        replies = [reply for _, reply in transport.arrivals(ids)]
+        replies = [reply for _, reply, _ in transport.arrivals(ids)]
         clock.mark(RoundEnded(self.round, len(replies)))
         transport.forget(ids)  # a late job's reply is never read; its events are still logged when due
         self.last = RoundOutcome(len(jobs), len(replies), dropped, late, ended, replies)

@@ -26,10 +26,23 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.serverapp import Grid
 
 from edgesched.config import RunConfig
+from edgesched.core.compress import ErrorFeedback, packed_nbytes
+from edgesched.core.downlink import Holdings
 from edgesched.core.events import Computed, Dispatched, Downloaded, DroppedOut, Uploaded
 from edgesched.core.transport import Bounds, Order, Reply
 from edgesched.errors import EdgeschedError
-from edgesched.flower.messages import ARRAYS, CONFIG, DEVICE, METRICS, decode_reply, job_config, model_record
+from edgesched.flower.messages import (
+    ARRAYS,
+    CONFIG,
+    DEVICE,
+    ENCODING,
+    METRICS,
+    Compressed,
+    decode_reply,
+    job_config,
+    model_record,
+    packed_record,
+)
 from edgesched.flower.nodes import wait_for_nodes
 from edgesched.simulations.clock import AgentDied, VirtualClock
 from edgesched.simulations.devices import Job, VirtualFleet
@@ -45,6 +58,8 @@ class Flight:
     message: Message  # as the device got it: addressed to its node, the job's whole config
     real_id: str | None  # the executor's message id; None for a job that is never trained
     corrupt: str | None = None  # a faulty device's update ("nan" or "scale", dynamics.bad_updates) or an attack
+    bits: int = 0  # its update's width (0: float32)
+    moved: tuple[int, int] = (0, 0)  # model bytes down, and up if it delivers
 
 
 class Executors:
@@ -95,8 +110,11 @@ class VirtualTransport:
         self._real: dict[str, Message] = {}  # executor replies pulled ahead of their virtual arrival
         self._next_id = 1
         self._arrays: tuple[int, ArrayRecord] | None = None  # (step, its model encoded once)
+        self.holdings = Holdings()  # what each device holds of the model (compressed jobs)
+        self._feedback: dict[int, ErrorFeedback] = {}  # what each device's updates lost to rounding
 
-    SAVED = ("device_seconds", "bytes_down", "bytes_up", "flights", "_faults", "_real", "_next_id")
+    SAVED = ("device_seconds", "bytes_down", "bytes_up", "flights", "_faults", "_real", "_next_id", "holdings",
+             "_feedback")
 
     def snapshot(self) -> dict[str, Any]:
         """The jobs on the devices' timelines and the random stream, for a checkpoint. Real
@@ -113,21 +131,38 @@ class VirtualTransport:
 
     # -- the engine's Transport ----------------------------------------------------------------
     def send(self, device: str, step: int, order: Order, model: list[np.ndarray], deadline: float | None) -> str:
-        if self._arrays is None or self._arrays[0] != step:  # a step's jobs all start from its model
-            self._arrays = (step, model_record(self.keys, model))
         config: dict[str, Any] = {}
         if order.epochs is not None:
             config["local-epochs"] = order.epochs
         if order.steps is not None:
             config["max-steps"] = order.steps
-        return self.start(self.fleet.index[device], step, self._arrays[1], config, deadline)
+        index = self.fleet.index[device]
+        if order.bits:  # the device trains from what it rebuilds of the difference it is sent
+            download = self.holdings.download(device, model)
+            moved = (download.nbytes, packed_nbytes([w.shape for w in model], order.bits))
+            vid = self.start(index, step, model_record(self.keys, download.rebuilt), config, deadline, moved,
+                             order.bits)
+            if self.flights[vid].real_id is not None:
+                self.holdings.sent(vid, device, download)
+            return vid
+        if self._arrays is None or self._arrays[0] != step:  # a step's jobs all start from its model
+            self._arrays = (step, model_record(self.keys, model))
+        return self.start(index, step, self._arrays[1], config, deadline)
 
     def bounds(self, device: str, order: Order) -> Bounds:
         index, training = self.fleet.index[device], self.cfg.training
         return Bounds.of(order, index, self.sizes[index], training.local_epochs, training.batch_size)
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
-        return [decode_reply(msg, job_id, max_bytes) for job_id, msg in self.arrivals(job_ids)]
+        replies = []
+        for job_id, msg, flight in self.arrivals(job_ids):
+            compressed = None
+            if flight.bits:
+                self.holdings.confirm(job_id)
+                arrays = flight.message.content[ARRAYS]
+                compressed = Compressed(self.keys, [arrays[k].shape for k in self.keys], flight.bits)
+            replies.append(decode_reply(msg, job_id, max_bytes, compressed, flight.moved[0]))
+        return replies
 
     def reachable(self, now: float) -> list[str]:
         """Devices up now and not still busy with an earlier job, in index order."""
@@ -140,8 +175,11 @@ class VirtualTransport:
         return min([self.fleet.next_change(now), *busy])
 
     # -- jobs ----------------------------------------------------------------------------------
-    def start(self, index: int, step: int, arrays: ArrayRecord, config: dict[str, Any], deadline: float | None) -> str:
-        """Put a job on device `index`'s timeline; start real training if anyone will read it."""
+    def start(self, index: int, step: int, arrays: ArrayRecord, config: dict[str, Any], deadline: float | None,
+              moved: tuple[int, int] | None = None, bits: int = 0) -> str:
+        """Put a job on device `index`'s timeline, carrying `moved` bytes down and up (None: the
+        float32 model each way) and replying in `bits` (0: float32); start real training if
+        anyone will read it."""
         now = self.clock.now()
         vid = f"v{self._next_id}"
         self._next_id += 1
@@ -149,19 +187,21 @@ class VirtualTransport:
         msg = Message(RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(full)}), dst_node_id=index + 1,
                       message_type=MessageType.TRAIN, group_id=str(step))
         msg.metadata.__dict__["_message_id"] = vid  # as Flower's grids do on push
-        job = self.fleet.job(index, now, self._work(index, full))
+        moved = moved or (self.fleet.model_bytes, self.fleet.model_bytes)
+        job = self.fleet.job(index, now, self._work(index, full), moved)
         self._schedule(job, int(full["server-round"]), deadline)
         self.device_seconds += job.compute_spent_s
-        self.bytes_down += self.fleet.model_bytes if job.ends_at >= job.compute_start else 0
-        self.bytes_up += self.fleet.model_bytes if job.delivers else 0
-        flight = Flight(job, msg, None, self._corruption(index) if job.delivers else None)
+        self.bytes_down += moved[0] if job.ends_at >= job.compute_start else 0
+        self.bytes_up += moved[1] if job.delivers else 0
+        flight = Flight(job, msg, None, self._corruption(index) if job.delivers else None, bits, moved)
         self.flights[vid] = flight
         if job.delivers and (deadline is None or job.end <= deadline):  # a reply nobody reads is not trained
             flight.real_id = self.executors.push(msg)
         return vid
 
-    def arrivals(self, job_ids: Sequence[str]) -> list[tuple[str, Message]]:
-        """Replies whose virtual arrival has passed, in arrival order (device index breaks ties)."""
+    def arrivals(self, job_ids: Sequence[str]) -> list[tuple[str, Message, Flight]]:
+        """Replies whose virtual arrival has passed, in arrival order (device index breaks ties),
+        with the jobs they answer."""
         now = self.clock.now()
         due = [(f.job.end, f.job.device, i) for i in job_ids if (f := self.flights.get(i)) is not None
                and f.real_id is not None and f.job.end <= now]
@@ -169,13 +209,14 @@ class VirtualTransport:
         for _, _, vid in sorted(due):
             flight = self.flights.pop(vid)
             assert flight.real_id is not None
-            replies.append((vid, self._virtual_reply(flight, self._await_real(flight.real_id))))
+            replies.append((vid, self._virtual_reply(flight, self._await_real(flight.real_id)), flight))
         return replies
 
     def forget(self, job_ids: Sequence[str]) -> None:
         """Jobs whose replies will never be read; their timelines still play out on the clock."""
         for job_id in job_ids:
             self.flights.pop(job_id, None)
+            self.holdings.drop(job_id)
 
     def finish(self) -> None:
         """Play out the jobs still in flight when the run ends (their uploads or drops are logged)."""
@@ -222,6 +263,12 @@ class VirtualTransport:
             metrics[LIES[flight.corrupt]] = 1e9
         elif flight.corrupt is not None:
             content[ARRAYS] = _corrupt(flight.message.content[ARRAYS], real.content[ARRAYS], flight.corrupt)
+        if flight.bits:  # the device sends its change, in its width, less what it held back from earlier ones
+            start, trained = flight.message.content[ARRAYS], content[ARRAYS]
+            change = [trained[k].numpy() - start[k].numpy() for k in self.keys]
+            feedback = self._feedback.setdefault(flight.job.device, ErrorFeedback())
+            content[ARRAYS] = packed_record(self.keys, feedback.compress(change, flight.bits))
+            content[ENCODING] = ConfigRecord({"bits": flight.bits})
         job = flight.job
         metrics["seconds"] = job.compute_s
         metrics["samples-per-second"] = metrics["samples"] / job.compute_s if job.compute_s > 0 else 0.0

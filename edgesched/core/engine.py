@@ -25,7 +25,7 @@ seed gives the same run on a virtual fleet, byte for byte.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -56,6 +56,7 @@ class Job:
     sent_at: float
     plan: Any = None  # what the policy keeps of it
     bounds: Bounds | None = None  # what its reply may report (the transport's figures)
+    bits: int = 0  # its update's width (0: float32)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ class Engine:
                 self.policy.on_lost(job, now, "gone", str(exc))
                 intake.failed += 1
                 continue
-            job = Job(job_id, order.device, step, session, now, bounds=self.transport.bounds(order.device, order))
+            job = Job(job_id, order.device, step, session, now, bounds=self.transport.bounds(order.device, order),
+                      bits=order.bits)
             state.jobs[job_id] = job
             self.policy.on_sent(job, now)
 
@@ -213,12 +215,17 @@ class Engine:
             job = state.jobs.pop(reply.job_id, None)
             if job is not None and self._take(state, step, job, reply, now, intake):
                 assert reply.metrics is not None
-                intake.jobs.append(job_record(step, reply.node, reply.device_claim or "", reply.metrics))
+                intake.jobs.append(job_record(step, reply.node, reply.device_claim or "", reply.metrics, job.bits,
+                                              reply.moved))
         self._drop_vanished(state, intake)
 
     def _take(self, state: EngineState, step: int, job: Job, reply: Reply, now: float, intake: _Intake) -> bool:
         """One reply; True if its update counts."""
         policy = self.policy
+        if reply.delta and reply.trained is not None:  # a compressed reply: the change, made whole again
+            base = state.versions[job.step]
+            reply = replace(reply, delta=False, trained=[(b + d).astype(b.dtype)
+                                                         for b, d in zip(base, reply.trained, strict=True)])
         if reply.refusal is not None:
             policy.on_lost(job, now, "refused", reply.refusal)
         elif reply.trained is None:

@@ -66,6 +66,7 @@ class Candidates:
     fits_memory: np.ndarray  # bool
     transfer_bytes: np.ndarray  # model down + up
     stay_s: np.ndarray  # how long it is expected to stay online (1 / its departure rate; inf: no departures)
+    bits: np.ndarray  # the width its update is sent in (edgesched.core.compress; 0: float32, uncompressed)
 
     def take(self, index: Sequence[int]) -> Candidates:
         """The candidates at `index`, in that order."""
@@ -90,6 +91,7 @@ class Assignment:
     staleness_bound: int  # rounds late it may arrive and still count
     risk: float
     utility: float
+    bits: int = 0  # the width its update is sent in (0: uncompressed)
 
 
 @dataclass(frozen=True)
@@ -188,4 +190,5 @@ def _assign(cands: Candidates, i: int, work: float, late: int, bound_cap: int, v
     # it runs (and a device the cap deems too slow was not chosen): it may be that many steps late.
     bound = min(late + 1, bound_cap) if steps_per_window is None \
         else math.ceil((min(late, bound_cap) + 1) * steps_per_window)
-    return Assignment(cands.devices[i], samples, steps, epochs, predicted, late, bound, float(cands.risk[i]), value)
+    return Assignment(cands.devices[i], samples, steps, epochs, predicted, late, bound, float(cands.risk[i]), value,
+                      int(cands.bits[i]))

@@ -169,11 +169,13 @@ class Predictor:
         return Predictions(sps * factor, transfer, np.clip(sd, c.min_log_sd, c.max_log_sd))
 
     def observe(self, device: str, predicted: Prediction, samples: int, compute_s: float, total_s: float,
-                factor: float) -> float:
+                factor: float, transfer_ratio: float = 1.0) -> float:
         """Learn from a finished job; return its signed relative error (predicted/actual - 1).
 
         `factor` is the slowdown the prediction assumed; compute is divided by it so the
-        learned speed is the device's own, not its neighbours' load.
+        learned speed is the device's own, not its neighbours' load. `transfer_ratio`: the job's
+        bytes moved over a float32 model's each way; its transfer time is learned per float32
+        model, so a compressed job teaches the link's speed, not its own size.
         """
         expected = predicted.job_seconds(samples)
         if not self.config.learn:
@@ -183,7 +185,7 @@ class Predictor:
         self._median_sps = None
         if samples > 0 and compute_s > 0:
             learned.log_sps = _blend(learned.log_sps, math.log(compute_s / samples / factor), lr)
-        transfer = max(total_s - compute_s, 1e-3)
+        transfer = max(total_s - compute_s, 1e-3) / transfer_ratio
         learned.log_transfer = _blend(learned.log_transfer, math.log(transfer), lr)
         err = math.log(max(total_s, 1e-6) / max(expected, 1e-6))
         learned.err_var = _blend(learned.err_var, err * err, lr)

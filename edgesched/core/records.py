@@ -55,6 +55,9 @@ class JobRecord:
     seconds: float
     samples_per_second: float
     loss: float
+    bits: int = 0  # the update's width (0: float32)
+    bytes_down: int = 0  # model bytes the job carried to the device
+    bytes_up: int = 0  # and its reply back
 
 
 Model = Mapping[str, np.ndarray]  # the global model: parameter name -> weights
@@ -62,11 +65,13 @@ Model = Mapping[str, np.ndarray]  # the global model: parameter name -> weights
 RoundCallback = Callable[[RoundRecord, list[JobRecord], Model], None]
 
 
-def job_record(step: int, node: int, device: str, metrics: JobMetrics) -> JobRecord:
-    """A job's report as a row of jobs.csv."""
+def job_record(step: int, node: int, device: str, metrics: JobMetrics, bits: int = 0,
+               moved: tuple[int, int] = (0, 0)) -> JobRecord:
+    """A job's report as a row of jobs.csv (`moved`: model bytes down and up)."""
     return JobRecord(round=step, partition=metrics.partition, node_id=node, device_id=device,
                      samples=metrics.samples, steps=metrics.steps, seconds=metrics.seconds,
-                     samples_per_second=metrics.samples_per_second, loss=metrics.loss)
+                     samples_per_second=metrics.samples_per_second, loss=metrics.loss, bits=bits,
+                     bytes_down=moved[0], bytes_up=moved[1])
 
 
 def round_record(step: int, loss: float, accuracy: float, jobs: Sequence[JobRecord], selected: int, replied: int,

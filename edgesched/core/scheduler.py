@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from edgesched.core.aggregate import Update, apply_step, fednova
+from edgesched.core.compress import choose_bits, transfer_ratio
 from edgesched.core.decisions import (
     Adjusted,
     Arrived,
@@ -69,6 +70,10 @@ class SchedulerConfig:
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     robust: str = "none"  # how the server step combines updates (edgesched.core.aggregate.fednova)
+    # Updates in fewer bits (edgesched.core.compress): "off", "adaptive" (per job, from the
+    # device's link: transfers kept within `max_transfer_share` of the job), or a fixed width.
+    compression: str = "off"
+    max_transfer_share: float = 0.1
 
 
 @dataclass
@@ -195,6 +200,10 @@ class Scheduler:
         mean_loss = float(np.mean(known)) if known else 1.0
         devices = [v.device for v in views]
         preds = self.predictor.predict_all(devices, readings, [v.board for v in views])
+        samples = np.array([v.samples for v in views], dtype=np.int64)
+        bits = self._bits(preds, samples)
+        if bits.any():  # the predictor's transfers are for a float32 model each way
+            preds = preds._replace(transfer_s=preds.transfer_s * transfer_ratio(bits))
         high = np.exp(self.predictor.config.quantile_z * preds.log_sd)
         sps = preds.seconds_per_sample * high
         hazards = self.risk.hazards(devices)
@@ -202,7 +211,7 @@ class Scheduler:
             stay_s = np.where(hazards > 0, 1.0 / hazards, math.inf)
         cands = Candidates(
             devices=devices,
-            samples=np.array([v.samples for v in views], dtype=np.int64),
+            samples=samples,
             seconds_per_sample=sps,
             transfer_s=preds.transfer_s * high,
             risk=np.zeros(len(views)),
@@ -210,10 +219,22 @@ class Scheduler:
             idle_rounds=np.array([self.round - self._last_round.get(d, 0) for d in devices], dtype=np.float64),
             energy_samples=self._energy_samples(views, readings, sps),
             fits_memory=~(readings["mem_available_mb"] < self.config.job_memory_mb),  # nan: no heartbeat
-            transfer_bytes=np.full(len(views), 2.0 * self.predictor.model_bytes),
+            transfer_bytes=2.0 * self.predictor.model_bytes * transfer_ratio(bits),
             stay_s=stay_s,
+            bits=bits,
         )
         return cands, preds, hazards
+
+    def _bits(self, preds: Predictions, samples: np.ndarray) -> np.ndarray:
+        """Each device's update width (0: uncompressed): fixed, or chosen from its predicted link
+        against the compute of the run's local epochs."""
+        setting = self.config.compression
+        if setting == "off":
+            return np.zeros(len(samples), dtype=np.int64)
+        if setting != "adaptive":
+            return np.full(len(samples), int(setting), dtype=np.int64)
+        compute = self.config.plan.deadline_epochs * samples * preds.seconds_per_sample
+        return choose_bits(preds.transfer_s, compute, self.config.max_transfer_share)
 
     def _energy_samples(self, views: Sequence[DeviceView], readings: Readings,
                         seconds_per_sample: np.ndarray) -> np.ndarray:
@@ -249,7 +270,8 @@ class Scheduler:
             self._refused(job, now, verdict)
             return "refused"
         staleness = self.round - plan.round
-        err = self.predictor.observe(job.device, plan.prediction, samples, compute_s, now - job.sent_at, plan.factor)
+        err = self.predictor.observe(job.device, plan.prediction, samples, compute_s, now - job.sent_at, plan.factor,
+                                     float(transfer_ratio(np.array([plan.assignment.bits]))[0]))
         self.risk.note_job(job.device, lost=False)
         if math.isfinite(loss):
             self._loss[job.device] = loss

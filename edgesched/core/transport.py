@@ -24,6 +24,7 @@ class Order:
     device: str
     epochs: int | None = None  # passes the client may start; None: the run's local epochs
     steps: int | None = None  # SGD steps that end the job; None: no cap
+    bits: int = 0  # the update's width (edgesched.core.compress), the model sent as a difference; 0: float32
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class Reply:
     metrics: JobMetrics | None = None
     error: str | None = None
     refusal: str | None = None
+    delta: bool = False  # `trained` is the change from the model the job started from (a compressed reply)
+    moved: tuple[int, int] = (0, 0)  # model bytes the job carried down and its reply up
 
 
 class Unsent(Exception):

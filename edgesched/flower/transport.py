@@ -11,12 +11,25 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
 from edgesched.config import RunConfig
+from edgesched.core.downlink import Holdings
 from edgesched.core.transport import Bounds, Order, Reply, Unsent
-from edgesched.flower.messages import decode_reply, job_config, model_record, train_message
+from edgesched.flower.messages import (
+    BASE_MISSING,
+    DOWNLINK_BASE,
+    DOWNLINK_BITS,
+    DOWNLINK_TAG,
+    UPLINK_BITS,
+    Compressed,
+    decode_reply,
+    job_config,
+    model_record,
+    packed_record,
+    train_message,
+)
 from edgesched.flower.nodes import NODE_LIST_TTL_S, FlowerFleet
 from edgesched.trace import TraceRecorder
 
@@ -32,6 +45,9 @@ class FlowerTransport:
         self.keys = keys
         self._arrays: tuple[int, ArrayRecord] | None = None  # (step, its model encoded once)
         self.bytes_down = self.bytes_up = 0  # model tensors sent in jobs, and taken in from replies
+        self.holdings = Holdings()  # what each board holds of the model (compressed jobs)
+        self._sent: dict[str, tuple[str, int, int]] = {}  # job id -> (device, update width, bytes sent)
+        self._shapes: list[tuple[int, ...]] = []
 
     def send(self, device: str, step: int, order: Order, model: list[np.ndarray], deadline: float | None) -> str:
         node, partition = self.nodes.target(device)
@@ -40,12 +56,24 @@ class FlowerTransport:
             config["local-epochs"] = order.epochs
         if order.steps is not None:
             config["max-steps"] = order.steps
-        if self._arrays is None or self._arrays[0] != step:  # a step's jobs all start from its model
-            self._arrays = (step, model_record(self.keys, model))
-        pushed = list(self.grid.push_messages([train_message(self._arrays[1], config, node, step)]))
+        self._shapes = [w.shape for w in model]
+        download = None
+        if order.bits:  # the model as a difference from the board's copy, the update asked in `bits`
+            download = self.holdings.download(device, model)
+            arrays, sent = packed_record(self.keys, download.packed), download.nbytes
+            config.update({UPLINK_BITS: order.bits, DOWNLINK_BITS: download.bits, DOWNLINK_BASE: download.base,
+                           DOWNLINK_TAG: download.tag})
+        else:
+            if self._arrays is None or self._arrays[0] != step:  # a step's jobs all start from its model
+                self._arrays = (step, model_record(self.keys, model))
+            arrays, sent = self._arrays[1], sum(w.nbytes for w in model)
+        pushed = list(self.grid.push_messages([train_message(arrays, config, node, step)]))
         if not pushed:  # e.g. the node left between planning and sending
             raise Unsent("Flower refused the message")
-        self.bytes_down += sum(w.nbytes for w in model)
+        self.bytes_down += sent
+        self._sent[pushed[0]] = (device, order.bits, sent)
+        if download is not None:
+            self.holdings.sent(pushed[0], device, download)
         traced = self.nodes.memory.devices.get(node) if self.trace is not None else None
         if self.trace is not None and traced is not None:
             bounds = self.bounds(device, order)
@@ -58,13 +86,30 @@ class FlowerTransport:
         return Bounds.of(order, partition, self.nodes.samples_of(node), training.local_epochs, training.batch_size)
 
     def collect(self, job_ids: Sequence[str], max_bytes: float) -> list[Reply]:
-        replies = [decode_reply(reply, reply.metadata.reply_to_message_id, max_bytes)
-                   for reply in self.grid.pull_messages(list(job_ids))]
-        self.bytes_up += sum(w.nbytes for r in replies if r.trained is not None for w in r.trained)
+        for gone in set(self._sent) - set(job_ids):  # the engine gave up on it: its reply is never read
+            del self._sent[gone]
+            self.holdings.drop(gone)
+        replies = [self._decode(reply, max_bytes) for reply in self.grid.pull_messages(list(job_ids))]
+        self.bytes_up += sum(r.moved[1] for r in replies)
         for reply in replies:
             if self.trace is not None and reply.trained is not None and reply.metrics is not None:
                 self.trace.replied(reply.job_id, time.time(), reply.metrics.samples, reply.metrics.seconds)
         return replies
+
+    def _decode(self, message: Message, max_bytes: float) -> Reply:
+        """A reply, decoded as its job was sent; a compressed job's download is counted on once
+        it replied, and a board that lacked the copy it was named is sent the whole model next."""
+        job_id = message.metadata.reply_to_message_id
+        device, bits, sent = self._sent.pop(job_id, ("", 0, 0))
+        reply = decode_reply(message, job_id, max_bytes, Compressed(self.keys, self._shapes, bits) if bits else None,
+                             sent)
+        if reply.trained is not None:
+            self.holdings.confirm(job_id)
+        else:
+            self.holdings.drop(job_id)
+            if reply.error is not None and BASE_MISSING in reply.error:
+                self.holdings.forget(device)
+        return reply
 
     def reachable(self, now: float) -> list[str]:
         """Flower's connected nodes (Flower does not say which are busy)."""

@@ -61,4 +61,5 @@ def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
     )
     guard = GuardConfig(norm_limit=s.update_norm_limit, on_large_norm=s.large_update)
     return SchedulerConfig(plan=plan, server_lr=s.server_lr, battery_reserve=s.battery_reserve, guard=guard,
-                           robust=s.robust_aggregation)
+                           robust=s.robust_aggregation, compression=s.compression,
+                           max_transfer_share=s.max_transfer_share)

@@ -92,7 +92,7 @@ class EdgeschedPolicy:
         if assignments:
             by_device = {v.device: v for v in views}
             self._planned = {a.device: (a, by_device[a.device]) for a in assignments}
-            return Batch([Order(a.device, epochs=a.epochs, steps=a.steps) for a in assignments])
+            return Batch([Order(a.device, epochs=a.epochs, steps=a.steps, bits=a.bits) for a in assignments])
         if now >= self._give_up and (self.pace.hold or not (jobs or self.scheduler.buffered)):
             raise EdgeschedError(f"round {self._step}: no device could take work for {self.round_timeout:.0f} s "
                                  f"({len(views)} online, {len(busy)} busy)")

@@ -1,0 +1,167 @@
+"""Model updates in fewer bits: row-scaled quantization, error feedback, and the bit-width per job.
+
+A tensor is cut into rows (its first axis; a vector is one row). Each row is sent as one float32
+scale, its largest magnitude over the widest code, and one signed code of `bits` bits per value,
+rounded to the nearest level and packed 8 / bits to a byte: 8 bits keep 127 levels each side
+of zero, 4 keep 7, 2 keep 1 (-1, 0 or +1 times the row's scale). A float32 model is about
+4x, 8x or 16x smaller.
+
+Rounding loses at most half a level per value. A device keeps what it lost (`ErrorFeedback`)
+and adds it to its next update, so nothing is dropped for good: what it sends over many jobs
+sums to what it computed, less one job's rounding. The gateway sends the global model the same
+way, as the difference from what the device already holds (edgesched.core.downlink), so each
+download also carries what earlier ones rounded away.
+
+Which width a job gets (`choose_bits`): the widest whose transfers keep within a share of the
+job's time. A device on a fast link sends 8 bits, which with error feedback costs no accuracy
+measured (docs/benchmarks.md); one whose link would hold the job up sends 4 or 2.
+
+Numpy only; `decode` checks everything a payload says against the shapes the gateway expects
+and raises `Malformed` instead of trusting it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+BITS = (8, 4, 2)  # the widths a job may be given, widest first
+DOWNLINK_BITS = 8  # the global model's differences go out at this width
+
+
+class Malformed(ValueError):
+    """A compressed payload that does not fit the model it claims to update."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One tensor in `bits` bits: packed codes (uint8) and one float32 scale per row."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.scales.nbytes)
+
+
+def levels(bits: int) -> int:
+    """Codes each side of zero at this width."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, not {bits}")
+    return int(2 ** (bits - 1) - 1)
+
+
+def _rows(shape: Sequence[int]) -> int:
+    return int(shape[0]) if len(shape) >= 2 else 1
+
+
+def packed_nbytes(shapes: Sequence[Sequence[int]], bits: int) -> int:
+    """Bytes a model of these tensor shapes takes at `bits` (codes and scales)."""
+    return sum(math.ceil(math.prod(s) * bits / 8) + 4 * _rows(s) for s in shapes)
+
+
+def quantize(tensor: np.ndarray, bits: int) -> Packed:
+    """`tensor` in `bits` bits, each value rounded to its row's nearest level."""
+    top = levels(bits)
+    rows = tensor.astype(np.float32).reshape(_rows(tensor.shape), -1)
+    with np.errstate(invalid="ignore"):  # NaN in, NaN scales out: the gateway refuses those
+        peak = np.abs(rows).max(axis=1) if rows.size else np.zeros(len(rows), np.float32)
+        scales = (peak / top).astype(np.float32)
+        safe = np.where(scales > 0, scales, 1.0).astype(np.float32)
+        codes = (np.nan_to_num(np.clip(np.rint(rows / safe[:, None]), -top, top)) + top).astype(np.uint8).ravel()
+    return Packed(_pack(codes, bits), scales)
+
+
+def dequantize(packed: Packed, shape: Sequence[int], bits: int) -> np.ndarray:
+    """The float32 tensor of `shape` that `packed` stands for; Malformed if it cannot be one."""
+    top, size, rows = levels(bits), math.prod(shape), _rows(shape)
+    codes, scales = packed.codes, packed.scales
+    if codes.dtype != np.uint8 or codes.ndim != 1 or len(codes) != math.ceil(size * bits / 8):
+        raise Malformed(f"codes for {tuple(shape)} at {bits} bits must be {math.ceil(size * bits / 8)} bytes")
+    if scales.dtype != np.float32 or scales.shape != (rows,):
+        raise Malformed(f"scales for {tuple(shape)} must be {rows} float32")
+    if not (np.isfinite(scales).all() and (scales >= 0).all()):
+        raise Malformed("scales must be finite and >= 0")
+    values = _unpack(codes, bits, size)
+    if values.size and int(values.max()) > 2 * top:
+        raise Malformed(f"a code beyond the {2 * top + 1} levels of {bits} bits")
+    return _expand(values, scales, shape, bits)
+
+
+def _expand(values: np.ndarray, scales: np.ndarray, shape: Sequence[int], bits: int) -> np.ndarray:
+    signed = values.astype(np.float32).reshape(_rows(shape), -1) - levels(bits)
+    tensor: np.ndarray = (signed * scales[:, None]).reshape(tuple(shape))
+    return tensor
+
+
+def encode(tensors: Sequence[np.ndarray], bits: int) -> list[Packed]:
+    return [quantize(t, bits) for t in tensors]
+
+
+def decode(packed: Sequence[Packed], shapes: Sequence[Sequence[int]], bits: int) -> list[np.ndarray]:
+    if len(packed) != len(shapes):
+        raise Malformed(f"{len(packed)} tensors where the model has {len(shapes)}")
+    return [dequantize(p, s, bits) for p, s in zip(packed, shapes, strict=True)]
+
+
+class ErrorFeedback:
+    """What a device's earlier updates lost to rounding, added to its next (Seide et al., 2014;
+    Karimireddy et al., 2019): the sum of what it sends tracks the sum of what it computed."""
+
+    def __init__(self, residual: list[np.ndarray] | None = None) -> None:
+        self.residual = residual
+
+    def compress(self, update: Sequence[np.ndarray], bits: int) -> list[Packed]:
+        corrected = [u.astype(np.float32) for u in update]
+        if self.residual is not None and [r.shape for r in self.residual] == [c.shape for c in corrected]:
+            corrected = [c + r for c, r in zip(corrected, self.residual, strict=True)]
+        packed = encode(corrected, bits)
+        residual = [c - _expand(_unpack(p.codes, bits, c.size), p.scales, c.shape, bits)
+                    for c, p in zip(corrected, packed, strict=True)]
+        # A broken update (NaN, inf) is refused at the gateway; it must not poison every later one.
+        self.residual = residual if all(np.isfinite(r).all() for r in residual) else None
+        return packed
+
+
+def choose_bits(transfer_s: np.ndarray, compute_s: np.ndarray, max_share: float) -> np.ndarray:
+    """Per device, the widest of BITS whose transfers (`transfer_s`: a full float32 model down and
+    up) take at most `max_share` of the job; the narrowest where none does. The download is
+    always DOWNLINK_BITS wide, so only the upload shrinks further."""
+    chosen = np.full(len(transfer_s), BITS[-1], dtype=np.int64)
+    for bits in reversed(BITS[:-1]):
+        moved = transfer_s * transfer_ratio(np.array([bits]))
+        fits = moved <= max_share * (moved + compute_s)
+        chosen[fits] = bits
+    return chosen
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    if bits == 8:
+        return codes
+    per = 8 // bits
+    padded = np.zeros(math.ceil(len(codes) / per) * per, dtype=np.uint8)
+    padded[:len(codes)] = codes
+    lanes = padded.reshape(-1, per)
+    out = np.zeros(len(lanes), dtype=np.uint8)
+    for j in range(per):
+        out |= (lanes[:, j] << (bits * j)).astype(np.uint8)
+    return out
+
+
+def _unpack(packed: np.ndarray, bits: int, size: int) -> np.ndarray:
+    if bits == 8:
+        return packed
+    per, mask = 8 // bits, (1 << bits) - 1
+    lanes = np.stack([(packed >> (bits * j)) & mask for j in range(per)], axis=1)
+    return lanes.ravel()[:size]
+
+
+def transfer_ratio(bits: np.ndarray) -> np.ndarray:
+    """A job's bytes moved, both ways, over a float32 model's each way (scales left out): 1.0 for an
+    uncompressed job (bits 0), else its download at DOWNLINK_BITS and upload at `bits`."""
+    ratio: np.ndarray = np.where(bits > 0, (DOWNLINK_BITS + bits) / 64.0, 1.0)
+    return ratio
