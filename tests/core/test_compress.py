@@ -23,7 +23,7 @@ from edgesched.core.compress import (
     quantize,
 )
 from edgesched.core.downlink import NO_BASE, Holdings
-from edgesched.flower.messages import ARRAYS, ENCODING, METRICS, Compressed, decode_reply, packed_record
+from edgesched.flower.messages import ARRAYS, ENCODING, METRICS, Compressed, decode_reply, model_record, packed_record
 
 SHAPES = [(16, 1, 5, 5), (16,), (10, 128), (3,)]
 
@@ -174,8 +174,7 @@ def test_a_compressed_reply_is_decoded_only_in_the_form_its_job_was_sent_in() ->
         "another width": decode_reply(reply_with(packed_record(KEYS, encode(change, 8)), 8), "job", 1e9, job),
         "claims the job's width": decode_reply(reply_with(packed_record(KEYS, encode(change, 8)), 4), "job", 1e9,
                                                job),
-        "not compressed": decode_reply(reply_with(ArrayRecord({k: c for k, c in zip(KEYS, change, strict=True)}),
-                                                  None), "job", 1e9, job),
+        "not compressed": decode_reply(reply_with(model_record(KEYS, change), None), "job", 1e9, job),
         "a tensor missing": decode_reply(reply_with(packed_record(KEYS[:3], encode(change[:3], 4)), 4), "job",
                                          1e9, job),
         "compressed unasked": decode_reply(reply_with(packed_record(KEYS, encode(change, 4)), 4), "job", 1e9),
