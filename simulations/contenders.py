@@ -53,6 +53,8 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-equal-finish": lambda cfg: {"min-epochs": float(cfg.training.local_epochs),
                                               "max-epochs": cfg.training.local_epochs},
     **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACE_CHOICES},
+    "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
+    "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }
 
 
