@@ -165,6 +165,9 @@ class RunConfig:
     checkpoint_dir: str | None = None  # gateway: checkpoint every round here; a restart with it resumes
     out_dir: str | None = None  # gateway: write the run directory (model.npz, rounds.csv, ...) here
     onnx_every_round: bool = False  # also write each round's global model as onnx/round-NNNN.onnx
+    # gateway: score and record each step while the next step's first jobs run (edgesched.core.engine);
+    # a virtual fleet's clock charges nothing for that work, so it has nothing to overlap
+    overlap: bool = True
     data: DataSettings = field(default_factory=DataSettings)
     training: TrainingSettings = field(default_factory=TrainingSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)

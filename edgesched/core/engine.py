@@ -15,6 +15,12 @@ how updates combine. Each server step:
    global model, and how many updates it holds;
 3. the model is evaluated, the step recorded, and the callbacks (results, checkpoint) run.
 
+With `overlap` (a gateway, on the wall clock), step 3 does not hold the devices up: the model
+is evaluated in a thread while the next step begins, and the step is recorded, its loss shown
+to the policy and the checkpoint written right after the next step's first jobs are out. The
+policy's feedback then lags those first jobs. A virtual fleet has nothing to overlap (its
+clock charges nothing for the gateway's work) and keeps the order above.
+
 `watch`, if given, is shown the state at every wake-up and after every step (`settled`): the
 run directory's fleet.json comes from it, so a run can be watched between its steps.
 
@@ -25,6 +31,7 @@ seed gives the same run on a virtual fleet, byte for byte.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -122,13 +129,26 @@ class _Intake:
     jobs: list[JobRecord] = field(default_factory=list)
 
 
+@dataclass
+class _Taken:
+    """A step taken and not yet scored and recorded: its model and what it took in."""
+
+    step: int
+    model: Weights
+    intake: _Intake
+    used: int
+    seconds: float  # wall-clock seconds since the run started, when the step was taken
+    virtual_seconds: float | None
+    scored: Future[tuple[float, float]] | None = None  # the evaluation running meanwhile (overlap)
+
+
 class Engine:
     def __init__(self, policy: Policy, transport: Transport, clock: Clock, fleet: FleetView, evaluate: Evaluate,
                  on_round: RoundCallback, elapsed: Callable[[], float],
                  checkpoint: Callable[[EngineState], None] | None = None,
-                 watch: Callable[[EngineState, bool], None] | None = None) -> None:
-        """`elapsed`: wall-clock seconds since the run started (the records' `seconds`); `watch`:
-        see the module docstring."""
+                 watch: Callable[[EngineState, bool], None] | None = None, overlap: bool = False) -> None:
+        """`elapsed`: wall-clock seconds since the run started (the records' `seconds`); `watch`
+        and `overlap`: see the module docstring."""
         self.policy = policy
         self.transport = transport
         self.clock = clock
@@ -138,17 +158,23 @@ class Engine:
         self.elapsed = elapsed
         self.checkpoint = checkpoint
         self.watch = watch
+        self.overlap = overlap
+        self._taken: _Taken | None = None
 
     def run(self, state: EngineState, steps: int, until: float | None = None) -> EngineState:
         """Take server steps after `state.step` up to `steps`, and none that would start at or after
         the clock's `until` (a time budget); `state` is updated as they go."""
-        for step in range(state.step + 1, steps + 1):
-            if until is not None and self.clock.now() >= until:
-                break
-            self._step(state, step)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluate") as pool:
+            try:
+                for step in range(state.step + 1, steps + 1):
+                    if until is not None and self.clock.now() >= until:
+                        break
+                    self._step(state, step, pool)
+            finally:
+                self._record(state)
         return state
 
-    def _step(self, state: EngineState, step: int) -> None:
+    def _step(self, state: EngineState, step: int, pool: ThreadPoolExecutor) -> None:
         policy, clock = self.policy, self.clock
         intake = _Intake()
         policy.begin_step(step, clock.now())
@@ -158,6 +184,7 @@ class Engine:
             batch = policy.dispatch(now, self.fleet, self.transport, state.jobs)
             if batch is not None:
                 self._send(state, step, batch, now, intake)
+            self._record(state)  # the last step's, once this one's first jobs are out
             if self.watch is not None:
                 self.watch(state, False)
             if policy.ready(clock.now(), state.jobs):
@@ -173,13 +200,26 @@ class Engine:
         clock.mark(RoundEnded(round=step, delivered=used))
         started = {job.step for job in state.jobs.values()}
         state.versions = {s: w for s, w in state.versions.items() if s in started}
-        loss, accuracy = self.evaluate(state.model)
-        policy.after_step(step, clock.now(), loss)
-        record = round_record(step, loss, accuracy, intake.jobs, intake.selected, used, intake.failed,
-                              self.elapsed(), clock.now() if clock.virtual else None)
         state.step = step
+        self._taken = _Taken(step, state.model, intake, used, self.elapsed(), clock.now() if clock.virtual else None)
+        if self.overlap:
+            self._taken.scored = pool.submit(self.evaluate, state.model)
+        else:
+            self._record(state)
+
+    def _record(self, state: EngineState) -> None:
+        """Score the step taken last, if it is not yet, and record it: the policy is shown its
+        loss, the record and the callbacks (results, checkpoint) get it."""
+        taken, self._taken = self._taken, None
+        if taken is None:
+            return
+        loss, accuracy = taken.scored.result() if taken.scored is not None else self.evaluate(taken.model)
+        self.policy.after_step(taken.step, self.clock.now(), loss)
+        intake = taken.intake
+        record = round_record(taken.step, loss, accuracy, intake.jobs, intake.selected, taken.used, intake.failed,
+                              taken.seconds, taken.virtual_seconds)
         state.history.append(record)
-        self.on_round(record, intake.jobs, state.weights())
+        self.on_round(record, intake.jobs, dict(zip(state.keys, taken.model, strict=True)))
         if self.checkpoint is not None:
             self.checkpoint(state)
         if self.watch is not None:

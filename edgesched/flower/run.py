@@ -109,7 +109,7 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
 
     engine = Engine(policy, transport, WallClock(), fleet,
                     scorer(model, ds.x_test, ds.y_test), on_round, lambda: time.monotonic() - started, checkpoint,
-                    shown if watch is not None else None)
+                    shown if watch is not None else None, overlap=cfg.overlap)
     if resume is not None:
         engine.write_off(state, list(state.jobs), time.time(), "gateway restarted")
     try:

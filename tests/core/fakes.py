@@ -116,11 +116,12 @@ class ScriptedTransport:
 
 
 def run(policy: Policy, transport: ScriptedTransport, fleet: Fleet, steps: int, weights: Model | None = None,
-        until: float | None = None) -> tuple[EngineState, list[tuple[RoundRecord, list[JobRecord]]]]:
+        until: float | None = None, overlap: bool = False) -> tuple[EngineState, list[tuple[RoundRecord,
+                                                                                             list[JobRecord]]]]:
     """Run the engine; the records of each step."""
     state = EngineState.start(weights or {"w": np.zeros(3, dtype=np.float32)})
     records: list[tuple[RoundRecord, list[JobRecord]]] = []
     engine = Engine(policy, transport, transport.clock, fleet, lambda w: (float(np.sum(w[0])), 0.5),
-                    lambda record, jobs, model: records.append((record, jobs)), lambda: 0.0)
+                    lambda record, jobs, model: records.append((record, jobs)), lambda: 0.0, overlap=overlap)
     engine.run(state, steps, until)
     return state, records

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from edgesched.config import RunConfig
 from edgesched.core import policies
 from edgesched.core.decisions import Lost
+from edgesched.core.engine import Engine, EngineState
 from edgesched.core.events import DeadlinePassed, Idle, RoundEnded
 from edgesched.core.predict import Predictor
 
@@ -150,3 +153,43 @@ def test_no_step_starts_once_the_time_budget_is_spent():
     policy = policies.FedAvg(per_round=2, timeout=60.0, rng=np.random.default_rng(0))
     _, records = run(policy, transport, Fleet(2), steps=100, until=7.0)
     assert [r.virtual_seconds for r, _ in records] == [3.0, 6.0, 9.0]  # the third started at 6 s, before 7
+
+
+class SlowScoring:
+    """An evaluation that takes a while on another thread, noting what the transport had sent when
+    it started and what when the step was recorded."""
+
+    def __init__(self, transport: ScriptedTransport) -> None:
+        self.transport = transport
+        self.sent_at_start: list[int] = []
+        self.sent_at_record: list[int] = []
+
+    def __call__(self, weights):
+        self.sent_at_start.append(len(self.transport.sent))
+        time.sleep(0.05)
+        return float(np.sum(weights[0])), 0.5
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_with_overlap_the_next_jobs_go_out_while_the_last_step_is_scored(overlap: bool):
+    clock = StepClock()
+    transport = ScriptedTransport(clock, {"d0": 3.0, "d1": 1.0, "d2": 2.0})
+    policy = policies.FedAvg(per_round=3, timeout=60.0, rng=np.random.default_rng(0))
+    scoring = SlowScoring(transport)
+    state = EngineState.start({"w": np.zeros(3, dtype=np.float32)})
+    records = []
+
+    def on_round(record, jobs, model):
+        scoring.sent_at_record.append(len(transport.sent))
+        records.append((record, float(model["w"][0])))
+
+    Engine(policy, transport, clock, Fleet(3), scoring, on_round, lambda: 0.0, overlap=overlap).run(state, 3)
+    assert [r.round for r, _ in records] == [1, 2, 3]  # every step recorded, the last one too
+    # each record holds its own step's model and score, whenever it was written
+    assert [w for _, w in records] == pytest.approx([-14 / 6 * k for k in (1, 2, 3)], rel=1e-6)
+    assert [r.loss for r, _ in records] == pytest.approx([3 * w for _, w in records], rel=1e-6)
+    assert all(n >= 3 * k for n, k in zip(scoring.sent_at_start, (1, 2, 3), strict=True))  # once it was taken
+    if overlap:  # recorded only once the next step's jobs were out (the last: at the end)
+        assert scoring.sent_at_record == [6, 9, 9]
+    else:
+        assert scoring.sent_at_record == [3, 6, 9]
