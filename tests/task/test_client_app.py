@@ -11,6 +11,7 @@ from flwr.app.message.message import make_message
 
 from edgesched.clients.app import app
 from edgesched.config import RunConfig
+from edgesched.errors import EdgeschedError
 from edgesched.flower.messages import job_config
 from edgesched.tasks import build_model
 
@@ -91,3 +92,52 @@ print(reply.content["device"]["device-id"], "torch" in sys.modules)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["pi4-lab-07", "False"], done.stderr[-2000:]
+
+
+def _job(arrays: ArrayRecord, config: dict) -> tuple:
+    metadata = Metadata(
+        run_id=1, message_id="m1", src_node_id=1, dst_node_id=7, reply_to_message_id="", group_id="1",
+        created_at=time.time(), ttl=60, message_type=MessageType.TRAIN,
+    )
+    context = Context(run_id=1, node_id=7, node_config=PI, state=RecordDict(), run_config={})
+    return make_message(metadata, RecordDict({"arrays": arrays, "config": ConfigRecord(config)})), context
+
+
+def test_a_board_trains_compressed_jobs_from_the_copy_it_holds_and_replies_in_their_width():
+    """As a gateway sends them: the model as a difference from the board's copy, the update asked
+    in 4 bits; the board's reply decodes to its change, and the next job builds on the copy."""
+    from edgesched.core.downlink import Holdings
+    from edgesched.flower.messages import BASE_MISSING, Compressed, decode_reply, model_record, packed_record
+
+    cfg = RunConfig.from_mapping({"dataset": "digits", "clients": 5, "local-epochs": 1})
+    weights = {k: v.detach().numpy().copy() for k, v in build_model("digits").state_dict().items()}
+    keys, shapes = list(weights), [w.shape for w in weights.values()]
+    holdings = Holdings()
+    computed = sent = [np.zeros(s) for s in shapes]
+    for step in (1, 2):
+        download = holdings.download("pi4-lab-07", list(weights.values()))
+        config = {**job_config(cfg, step, 2), "uplink-bits": 4, "downlink-bits": download.bits,
+                  "downlink-base": download.base, "downlink-tag": download.tag}
+        reply = app(*_job(packed_record(keys, download.packed), config))
+        assert not reply.has_error(), reply.error
+        decoded = decode_reply(reply, "m1", 1e9, Compressed(keys, shapes, 4))
+        assert decoded.refusal is None and decoded.delta and decoded.trained is not None
+        assert decoded.moved[1] < sum(w.nbytes for w in weights.values()) / 6
+        # the same job uncompressed, from the model the board rebuilt: what the board sent over both
+        # jobs adds up to what it computed, less at most half a 4-bit level of the last job's change
+        exact = app(*_job(model_record(keys, download.rebuilt), job_config(cfg, step, 2)))
+        changes = [t - r for t, r in zip(exact.content["arrays"].to_numpy_ndarrays(), download.rebuilt, strict=True)]
+        computed = [c + e for c, e in zip(computed, changes, strict=True)]
+        sent = [s + d for s, d in zip(sent, decoded.trained, strict=True)]
+        for c, s, change in zip(computed, sent, changes, strict=True):
+            assert np.abs(c - s).max() <= 2 * np.abs(change).max() / 14 + 1e-6
+        holdings.sent("m1", "pi4-lab-07", download)
+        holdings.confirm("m1")
+        assert download.base == ("" if step == 1 else "pi4-lab-07#1")
+        weights = {k: w + d for (k, w), d in zip(weights.items(), decoded.trained, strict=True)}
+    # a difference from a copy the board never had: an error (a SuperNode replies with its text) that
+    # the gateway recognises, and sends the whole model next
+    config = {**job_config(cfg, 3, 2), "uplink-bits": 4, "downlink-bits": 8, "downlink-base": "pi4-lab-07#99",
+              "downlink-tag": "pi4-lab-07#100"}
+    with pytest.raises(EdgeschedError, match=BASE_MISSING):
+        app(*_job(packed_record(keys, download.packed), config))
