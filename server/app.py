@@ -67,7 +67,7 @@ def main(grid: Grid, context: Context) -> None:
     if recorder is not None:
         recorder.write_decisions(result.decisions)
         recorder.finish(result.weights, {"dataset": cfg.data.dataset, "clients": cfg.data.clients,
-                                         "strategy": cfg.strategy, **totals, **stopped})
+                                         "strategy": cfg.strategy, **result.traffic, **totals, **stopped})
         log.info("results in %s", cfg.out_dir)
     if result.stopped:  # the model and logs are written; Flower marks the run failed, with the reason
         raise EdgeschedError(f"the run stopped after round {len(result.rounds)} of {cfg.rounds}: {result.stopped}")

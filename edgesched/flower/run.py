@@ -70,6 +70,7 @@ class RunResult:
     rounds: list[RoundRecord]
     decisions: list[Decision] = field(default_factory=list)  # the adaptive scheduler's log
     stopped: str | None = None  # why the run ended before its last step, if it did
+    traffic: dict[str, int] = field(default_factory=dict)  # model bytes moved: bytes_down, bytes_up
 
 
 def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: RegistryListener | None = None,
@@ -112,12 +113,14 @@ def run_on_grid(grid: Grid, cfg: RunConfig, on_round: RoundCallback, telemetry: 
                     shown if watch is not None else None, overlap=cfg.overlap)
     if resume is not None:
         engine.write_off(state, list(state.jobs), time.time(), "gateway restarted")
+    stopped = None
     try:
         engine.run(state, cfg.rounds, time.time() + cfg.time_budget if cfg.time_budget else None)
     except EdgeschedError as exc:  # the fleet cannot go on (e.g. every device stuck): keep what was trained
         log.error("the run stops after round %d of %d: %s", state.step, cfg.rounds, exc)
-        return RunResult(state.weights(), state.history, list(policy.log), stopped=str(exc))
-    return RunResult(state.weights(), state.history, list(policy.log))
+        stopped = str(exc)
+    return RunResult(state.weights(), state.history, list(policy.log), stopped,
+                     {"bytes_down": transport.bytes_down, "bytes_up": transport.bytes_up})
 
 
 def check_strategy(cfg: RunConfig) -> None:

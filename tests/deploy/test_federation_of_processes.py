@@ -32,6 +32,7 @@ import pytest
 from benchmarks.processes import Processes, flower_app
 from benchmarks.processes import wait_for as _wait
 from edgesched.broker import free_port
+from edgesched.tasks import model_size
 from edgesched.trace import load_trace
 
 from ..mqtt.brokers import MOSQUITTO, Mosquitto, password_file, shipped_config
@@ -48,6 +49,7 @@ rounds = 3
 min-deadline = 30.0
 round-timeout = 120.0
 heartbeat-interval = {HEARTBEAT_S}
+compression = "adaptive"
 """
 
 
@@ -232,6 +234,12 @@ def assert_ended_with_a_model(out: Path, accuracy: float = 0.6) -> None:
     print(f"final accuracy {float(rounds[-1]['accuracy']):.2%} after rounds 1-3")
     assert int(rounds[-1]["replied"]) >= 1
     assert (out / "model.npz").stat().st_size > 0
+    # compressed both ways: each update in its job's width, each download an 8-bit difference
+    float32 = 4 * model_size("digits")["model_parameters"]
+    jobs = rows(out / "jobs.csv")
+    assert jobs and all(int(j["bits"]) in (2, 4, 8) for j in jobs), jobs
+    assert all(0 < int(j["bytes_up"]) < float32 / 3 and 0 < int(j["bytes_down"]) < float32 / 3 for j in jobs), jobs
+    print("update widths:", sorted(int(j["bits"]) for j in jobs))
 
 
 @pytest.mark.skipif(not Path(MOSQUITTO).exists(), reason="mosquitto is not installed (make test installs it)")

@@ -1,0 +1,91 @@
+"""Benchmark: what compressed updates save and cost, from the contenders harness's runs.
+
+Reads the finished runs under `--out` (as `benchmarks.contenders` writes them) and compares each
+compressed contender with uncompressed `edgesched` on the seeds both ran, fleet by fleet: model
+bytes per update up (the mean over the jobs that counted, from jobs.csv), total bytes moved both
+ways (summary.json), accuracy at the time budget, and virtual time to the two targets.
+
+    python -m benchmarks.contenders --fleets campus-100 hapt-30 --dropouts 0.3 --seeds 0 1 2 \\
+        --contenders edgesched edgesched-compressed edgesched-compressed-8 --out runs
+    python -m benchmarks.compression --out runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from benchmarks.contenders import _key, accuracy_at, collect, targets
+
+BASE = "edgesched"
+
+
+def uplink_per_update(run_dir: Path) -> float:
+    with (run_dir / "jobs.csv").open() as f:
+        ups = [int(r["bytes_up"]) for r in csv.DictReader(f)]
+    return mean(ups) if ups else float("nan")
+
+
+def report(runs_dir: Path) -> str:
+    rows = collect(runs_dir)
+    lines = ["| fleet, dropout | contender | seeds | update up, KB | ÷ edgesched's | moved, MB | ÷ edgesched's "
+             "| accuracy at the budget | − edgesched's | to the lower target, virtual s | to the fleet's target "
+             "| widths sent |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["fleet"], r["dropout"]), []).append(r)
+    for (fleet, dropout), group in sorted(groups.items()):
+        base = {r["seed"]: r for r in group if r["strategy"] == BASE}
+        for strategy in sorted({r["strategy"] for r in group}, key=lambda s: (s != BASE, s)):
+            runs = [r for r in group if r["strategy"] == strategy and r["seed"] in base]
+            if not runs:
+                continue
+            lines.append(_line(runs_dir, fleet, dropout, strategy, runs, [base[r["seed"]] for r in runs]))
+    return "\n".join(lines)
+
+
+def _line(runs_dir: Path, fleet: str, dropout: float, strategy: str, runs: list[dict[str, Any]],
+          bases: list[dict[str, Any]]) -> str:
+    def folder(r: dict[str, Any]) -> Path:
+        return runs_dir / r["fleet"] / f"dropout{round(100 * r['dropout'])}" / r["strategy"] / f"seed{r['seed']}"
+
+    up = mean(uplink_per_update(folder(r)) for r in runs)
+    base_up = mean(uplink_per_update(folder(r)) for r in bases)
+    moved = mean(r["bytes_up"] + r["bytes_down"] for r in runs)
+    base_moved = mean(r["bytes_up"] + r["bytes_down"] for r in bases)
+    acc = [accuracy_at(r["curve"], r["time_budget_s"]) or 0.0 for r in runs]
+    base_acc = [accuracy_at(r["curve"], r["time_budget_s"]) or 0.0 for r in bases]
+    lower, target = (_key(t) for t in targets(runs[0]["target_accuracy"]))
+    widths = sorted({int(w) for r in runs for w in _widths(folder(r))})
+    return (f"| {fleet}, {dropout:.0%} | {strategy} | {', '.join(str(r['seed']) for r in runs)} | {up / 1e3:,.1f} "
+            f"| {base_up / up:.2f} | {moved / 1e6:,.1f} | {base_moved / moved:.2f} | {100 * mean(acc):.2f} % "
+            f"| {100 * (mean(acc) - mean(base_acc)):+.2f} pp | {_times(runs, lower)} | {_times(runs, target)} "
+            f"| {', '.join(map(str, widths))} |")
+
+
+def _times(runs: list[dict[str, Any]], key: str) -> str:
+    times = [r["reached"][key] for r in runs]
+    reached = [t for t in times if t is not None]
+    return " / ".join("—" if t is None else f"{t:.0f}" for t in times) + ("" if reached else " (none)")
+
+
+def _widths(run_dir: Path) -> list[str]:
+    with (run_dir / "jobs.csv").open() as f:
+        return [r["bits"] for r in csv.DictReader(f)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="the contenders harness's runs folder")
+    args = parser.parse_args(argv)
+    if not args.out.is_dir():
+        raise SystemExit(f"benchmarks.compression: {args.out} is not a folder of runs")
+    print(report(args.out))
+
+
+if __name__ == "__main__":
+    main()
