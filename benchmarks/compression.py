@@ -32,7 +32,7 @@ def uplink_per_update(run_dir: Path) -> float:
 def report(runs_dir: Path) -> str:
     rows = collect(runs_dir)
     lines = ["| fleet, dropout | contender | seeds | update up, KB | ÷ edgesched's | moved, MB | ÷ edgesched's "
-             "| accuracy at the budget | − edgesched's | to the lower target, virtual s | to the fleet's target "
+             "| accuracy at the budget | against edgesched's | to the lower target, virtual s | to the fleet's target "
              "| widths sent |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
