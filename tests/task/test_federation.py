@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array
+from flwr.app import Array, Error, Message
 from flwr.supercore.task_identity import TaskIdentity
 
 from edgesched.config import RunConfig
@@ -452,3 +453,55 @@ def test_a_traced_device_is_online_from_when_the_gateway_can_send_it_work():
     fleet.views(time.time())  # answered: each device linked to its node
     assert all(spells and spells[-1][1] == math.inf for spells in trace.spells.values())
     assert set(trace.spells) == set(NODES.values())
+
+
+class ForgetfulGrid(LocalGrid):
+    """Compressed jobs through the real ClientApp; node 303 malforms its second reply (a scale it
+    cannot have) and node 202 loses its kept models after its first job (a wiped state folder)."""
+
+    def __init__(self, nodes, state: Path) -> None:
+        super().__init__(nodes)
+        self.state, self.replies = state, 0
+        client_app = self._client_app
+
+        def as_a_supernode(msg, context):  # an exception in the ClientApp comes back as an error reply
+            try:
+                return client_app(msg, context)
+            except Exception as exc:
+                return Message(Error(code=2, reason=f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+
+        self._client_app = as_a_supernode
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        for reply in replies:
+            if reply.has_error():
+                continue
+            self.replies += 1
+            if reply.metadata.src_node_id == 303 and self.replies > 3 and not getattr(self, "malformed", False):
+                self.malformed = True
+                arrays = reply.content["arrays"]
+                key = next(k for k in arrays if k.endswith("#scales"))
+                arrays[key] = Array(np.full_like(arrays[key].numpy(), np.inf))
+            if reply.metadata.src_node_id == 202 and not getattr(self, "wiped", False):
+                self.wiped = True
+                for held in (self.state / "edgesched" / "pi5-b").glob("run-*/held-*.npz"):
+                    held.unlink()
+        return replies
+
+
+def test_compressed_jobs_go_down_as_differences_and_bad_ones_are_refused(tmp_path):
+    grid = ForgetfulGrid(NODE_CONFIGS, tmp_path)
+    rounds = []
+    result = run_on_grid(grid, adaptive(rounds=4, compression="4"), lambda record, *_: rounds.append(record))
+    assert [r.round for r in rounds] == [1, 2, 3, 4] and rounds[-1].accuracy > 0.5
+    configs = [(m.metadata.dst_node_id, dict(m.content["config"])) for m in grid.sent]
+    assert all(c["uplink-bits"] == 4 and c["downlink-bits"] == 8 for _, c in configs)
+    bases = {node: [c["downlink-base"] for n, c in configs if n == node] for node in NODES}
+    assert bases[101][0] == "" and all(b.startswith("node-101#") for b in bases[101][1:])  # differences after the first
+    # 202 lost its copy: its job failed, and the next one brought the whole model again
+    lost = [e.reason for e in result.decisions if isinstance(e, Lost) and e.device == "node-202"]
+    assert len(lost) == 1 and "downlink base not held" in lost[0], lost
+    assert bases[202][:3] == ["", bases[202][1], ""] and bases[202][1] != ""
+    refused = [e.reason for e in result.decisions if isinstance(e, Lost) and e.device == "node-303"]
+    assert refused == ["refused: malformed: scales must be finite and >= 0"], refused
