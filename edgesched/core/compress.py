@@ -13,8 +13,8 @@ way, as the difference from what the device already holds (edgesched.core.downli
 download also carries what earlier ones rounded away.
 
 Which width a job gets (`choose_bits`): the widest whose transfers keep within a share of the
-job's time. A device on a fast link sends 8 bits, which with error feedback costs no accuracy
-measured (docs/benchmarks.md); one whose link would hold the job up sends 4 or 2.
+job's time. A device whose link is fast for its work sends 8 bits; one whose link would hold
+the job up sends 4 or 2 (docs/benchmarks.md measures what that saves and costs).
 
 Numpy only; `decode` checks everything a payload says against the shapes the gateway expects
 and raises `Malformed` instead of trusting it.
