@@ -86,6 +86,9 @@ class Arrived(Decision):
     actual_s: float
     error: float  # mean prediction / actual - 1
     samples: int
+    bits: int = 0  # the update's width (0: float32)
+    bytes_down: int = 0  # model bytes the job carried down, and its reply up
+    bytes_up: int = 0
 
     KIND: ClassVar[str] = "outcome"
 

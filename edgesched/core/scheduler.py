@@ -258,8 +258,9 @@ class Scheduler:
 
     def arrived(self, job: Job, now: float, trained: Sequence[np.ndarray], base: Sequence[np.ndarray],
                 steps: int, samples: int, data_size: int, compute_s: float,
-                loss: float) -> Literal["counted", "ignored", "refused"]:
-        """A job's trained weights came back (`base`: the global model it started from).
+                loss: float, moved: tuple[int, int] = (0, 0)) -> Literal["counted", "ignored", "refused"]:
+        """A job's trained weights came back (`base`: the global model it started from; `moved`: the
+        model bytes it carried down and its reply up, for the record).
 
         The update is validated (edgesched.core.validate); a valid one is buffered if within its
         staleness bound ("counted"), else it is too stale ("ignored").
@@ -288,7 +289,7 @@ class Scheduler:
             self.errors.append(abs(err))
         self.log.append(Arrived(now, plan.round, job.device, "counted" if ok else "too_stale", self.round, staleness,
                                 plan.assignment.staleness_bound, plan.assignment.predicted_s, now - job.sent_at, err,
-                                samples))
+                                samples, plan.assignment.bits, *moved))
         return "counted" if ok else "ignored"
 
     def refuse(self, job: Job, now: float, reason: str) -> None:

@@ -151,7 +151,7 @@ class EdgeschedPolicy:
         assert reply.trained is not None and reply.metrics is not None
         m = reply.metrics
         return self.scheduler.arrived(job, now, reply.trained, base, steps=m.steps, samples=m.samples,
-                                      data_size=m.num_examples, compute_s=m.seconds, loss=m.loss)
+                                      data_size=m.num_examples, compute_s=m.seconds, loss=m.loss, moved=reply.moved)
 
     def on_lost(self, job: Job, now: float, loss: Loss, detail: str) -> None:
         if loss == "refused":
