@@ -39,12 +39,13 @@ def report(runs_dir: Path) -> str:
     for r in rows:
         groups.setdefault((r["fleet"], r["dropout"]), []).append(r)
     for (fleet, dropout), group in sorted(groups.items()):
-        base = {r["seed"]: r for r in group if r["strategy"] == BASE}
-        for strategy in sorted({r["strategy"] for r in group}, key=lambda s: (s != BASE, s)):
-            runs = [r for r in group if r["strategy"] == strategy and r["seed"] in base]
-            if not runs:
-                continue
-            lines.append(_line(runs_dir, fleet, dropout, strategy, runs, [base[r["seed"]] for r in runs]))
+        seeds = set.intersection(*({r["seed"] for r in group if r["strategy"] == s} for s in _strategies(group)))
+        base = {r["seed"]: r for r in group if r["strategy"] == BASE and r["seed"] in seeds}
+        for strategy in _strategies(group):
+            runs = sorted((r for r in group if r["strategy"] == strategy and r["seed"] in base),
+                          key=lambda r: r["seed"])
+            if runs:
+                lines.append(_line(runs_dir, fleet, dropout, strategy, runs, [base[r["seed"]] for r in runs]))
     return "\n".join(lines)
 
 
@@ -65,6 +66,11 @@ def _line(runs_dir: Path, fleet: str, dropout: float, strategy: str, runs: list[
             f"| {base_up / up:.2f} | {moved / 1e6:,.1f} | {base_moved / moved:.2f} | {100 * mean(acc):.2f} % "
             f"| {100 * (mean(acc) - mean(base_acc)):+.2f} pp | {_times(runs, lower)} | {_times(runs, target)} "
             f"| {', '.join(map(str, widths))} |")
+
+
+def _strategies(group: list[dict[str, Any]]) -> list[str]:
+    """The group's contenders, edgesched first (the others are compared with it, on the seeds all ran)."""
+    return sorted({r["strategy"] for r in group}, key=lambda s: (s != BASE, s))
 
 
 def _times(runs: list[dict[str, Any]], key: str) -> str:
