@@ -234,7 +234,11 @@ def assert_ended_with_a_model(out: Path, accuracy: float = 0.6) -> None:
     print(f"final accuracy {float(rounds[-1]['accuracy']):.2%} after rounds 1-3")
     assert int(rounds[-1]["replied"]) >= 1
     assert (out / "model.npz").stat().st_size > 0
-    # compressed both ways: each update in its job's width, each download an 8-bit difference
+
+
+def assert_compressed(out: Path) -> None:
+    """Every job of the run in `out` went both ways compressed (the APP's `compression`): each
+    update in its job's width, each download an 8-bit difference."""
     float32 = 4 * model_size("digits")["model_parameters"]
     jobs = rows(out / "jobs.csv")
     assert jobs and all(int(j["bits"]) in (2, 4, 8) for j in jobs), jobs
@@ -272,6 +276,7 @@ def test_a_device_killed_mid_run_is_dropped_through_mqtt_and_the_run_ends_with_a
         _wait(lambda: again.poll() is not None, 600, "the end of the resumed run")
         assert (fed.out / "summary.json").exists(), fed.report("flwr-run-again")
     assert_ended_with_a_model(fed.out)  # trained on after the outage and the server's restart
+    assert_compressed(fed.out)
     assert fed.assert_dropped_through_mqtt(victim, killed_at) == 1  # its job, dropped within seconds
 
 
@@ -298,6 +303,7 @@ def test_thirty_percent_of_the_boards_die_at_random_during_rounds_and_the_run_co
     # The operator follows the run: a line per round reaches its log.
     assert all(f"round {r}: accuracy" in fed.log("flwr-run") for r in (1, 2, 3)), fed.log("flwr-run")[-3000:]
     assert_ended_with_a_model(fed.out)
+    assert_compressed(fed.out)
     in_flight = sum(fed.assert_dropped_through_mqtt(v, t) for v, t in killed.items())
     print(f"{in_flight} jobs were in flight on the boards that died")
     assert_traced(fed.out / "trace.csv", devices, killed)
