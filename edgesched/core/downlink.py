@@ -51,7 +51,10 @@ class Holdings:
 
     def download(self, device: str, model: Sequence[np.ndarray]) -> Download:
         """What a job for `device` carries of `model`."""
-        base, held = self._held.get(device, (NO_BASE, [np.zeros(m.shape, np.float32) for m in model]))
+        if device in self._held:
+            base, held = self._held[device]
+        else:  # no copy yet: the difference from zero
+            base, held = NO_BASE, [np.zeros(m.shape, np.float32) for m in model]
         packed = encode([m.astype(np.float32) - h for m, h in zip(model, held, strict=True)], DOWNLINK_BITS)
         rebuilt = [h + dequantize(p, h.shape, DOWNLINK_BITS) for p, h in zip(packed, held, strict=True)]
         self._count += 1
