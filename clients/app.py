@@ -72,7 +72,7 @@ def train_job(msg: Message, context: Context) -> Message:
     if start is None:
         return _reply(msg, context, ArrayRecord(model.state_dict()), metrics)
     trained = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    arrays, encoding = compressed.compress_update(start, trained, job, _job_state(context))
+    arrays, encoding = compressed.compress_update(start, trained, report.steps, job, _job_state(context))
     reply = _reply(msg, context, arrays, metrics)
     reply.content[ENCODING] = encoding
     return reply

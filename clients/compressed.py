@@ -59,15 +59,15 @@ def rebuild(arrays: ArrayRecord, job: ConfigRecord, shapes: dict[str, tuple[int,
     return rebuilt
 
 
-def compress_update(start: Weights, trained: Weights, job: ConfigRecord, folder: Path) -> tuple[ArrayRecord,
-                                                                                                   ConfigRecord]:
-    """The reply's arrays for a compressed job: the change in its width, less what earlier jobs'
-    rounding held back; and the record that says so."""
+def compress_update(start: Weights, trained: Weights, steps: int, job: ConfigRecord,
+                    folder: Path) -> tuple[ArrayRecord, ConfigRecord]:
+    """The reply's arrays for a compressed job of `steps` local steps: the change in its width,
+    plus what earlier jobs' rounding held back; and the record that says so."""
     bits = int(job[UPLINK_BITS])
     keys = list(start)
     saved = _load(folder / RESIDUAL)
     feedback = ErrorFeedback(list(saved.values()) if saved is not None else None)
-    packed = feedback.compress([trained[k] - start[k] for k in keys], bits)
+    packed = feedback.compress([trained[k] - start[k] for k in keys], bits, steps)
     if feedback.residual is None:
         (folder / RESIDUAL).unlink(missing_ok=True)
     else:

@@ -267,7 +267,7 @@ class VirtualTransport:
             start, trained = flight.message.content[ARRAYS], content[ARRAYS]
             change = [trained[k].numpy() - start[k].numpy() for k in self.keys]
             feedback = self._feedback.setdefault(flight.job.device, ErrorFeedback())
-            content[ARRAYS] = packed_record(self.keys, feedback.compress(change, flight.bits))
+            content[ARRAYS] = packed_record(self.keys, feedback.compress(change, flight.bits, int(metrics["steps"])))
             content[ENCODING] = ConfigRecord({"bits": flight.bits})
         job = flight.job
         metrics["seconds"] = job.compute_s
