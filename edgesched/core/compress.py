@@ -76,9 +76,11 @@ def quantize(tensor: np.ndarray, bits: int) -> Packed:
     rows = tensor.astype(np.float32).reshape(_rows(tensor.shape), -1)
     with np.errstate(invalid="ignore"):  # NaN in, NaN scales out: the gateway refuses those
         peak = np.abs(rows).max(axis=1) if rows.size else np.zeros(len(rows), np.float32)
-        scales, codes, least = _round(rows, peak * np.float32(CLIPS[0] / top), top)
+        scales = peak * np.float32(CLIPS[0] / top)
+        codes, least = _round(rows, scales, top)
         for clip in CLIPS[1:]:
-            tried, tried_codes, lost = _round(rows, peak * np.float32(clip / top), top)
+            tried = peak * np.float32(clip / top)
+            tried_codes, lost = _round(rows, tried, top)
             better = lost < least  # never for a NaN row: it keeps its peak's scale
             scales = np.where(better, tried, scales)
             codes = np.where(better[:, None], tried_codes, codes)
@@ -86,12 +88,12 @@ def quantize(tensor: np.ndarray, bits: int) -> Packed:
     return Packed(_pack((codes + top).astype(np.uint8).ravel(), bits), scales.astype(np.float32))
 
 
-def _round(rows: np.ndarray, scales: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _round(rows: np.ndarray, scales: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's values as codes of its scale (clipped to `top` levels each side), and what that loses."""
     safe = np.where(scales > 0, scales, 1.0).astype(np.float32)
     codes = np.nan_to_num(np.clip(np.rint(rows / safe[:, None]), -top, top))
     lost = ((codes * safe[:, None] - rows) ** 2).sum(axis=1)
-    return scales.astype(np.float32), codes, lost
+    return codes, lost
 
 
 def dequantize(packed: Packed, shape: Sequence[int], bits: int) -> np.ndarray:
