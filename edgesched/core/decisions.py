@@ -167,8 +167,19 @@ class Paced(Decision):
     KIND: ClassVar[str] = "pace"
 
 
+@dataclass(frozen=True)
+class Thinned(Decision):
+    """A server step on fewer updates than `thin-step-share` x clients-per-round, scaled down."""
+
+    updates: int
+    wanted: float
+    scale: float
+
+    KIND: ClassVar[str] = "thin"
+
+
 _CLASSES: list[type[Decision]] = [RoundPlanned, Selected, Skipped, Arrived, Lost, Expired, Quarantined, Screened,
-                                  Adjusted, Paced]
+                                  Adjusted, Paced, Thinned]
 
 
 def decision_from_json(line: str) -> Decision:

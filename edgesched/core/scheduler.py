@@ -39,6 +39,7 @@ from edgesched.core.decisions import (
     Screened,
     Selected,
     Skipped,
+    Thinned,
 )
 from edgesched.core.feedback import ConvergenceMonitor, FeedbackConfig, Knobs
 from edgesched.core.fleet import DeviceView
@@ -60,6 +61,10 @@ DEFAULT_DRAIN_PCT_PER_S = 0.01  # battery use under load before a device's own s
 class SchedulerConfig:
     plan: PlanConfig
     server_lr: float = 1.0
+    # A step on few updates leans hard toward their few devices' labels. Below this share of
+    # `plan.target_updates` updates the step is scaled by updates / (share x target): the
+    # fixed-denominator average, unbiased when fewer devices than wanted take part (0: never).
+    thin_step_share: float = 0.5
     # FedNova counts a job's work as its local steps. Its momentum-corrected count (the clients
     # use momentum 0.9) is exact for a constant gradient, but it scaled short jobs' early, large
     # gradients up by ~4x and made rounds unstable on label-skewed data (docs/scheduler.md).
@@ -373,7 +378,17 @@ class Scheduler:
         if not updates:
             return weights, 0
         step, _ = fednova(updates, self.config.momentum, self.config.plan.staleness_exponent, self.config.robust)
-        return apply_step(weights, step, self.monitor.knobs.server_lr), len(updates)
+        lr = self.monitor.knobs.server_lr * self._step_scale(len(updates), now)
+        return apply_step(weights, step, lr), len(updates)
+
+    def _step_scale(self, updates: int, now: float) -> float:
+        """What share of a full step `updates` updates earn (logged when less than all)."""
+        wanted = self.config.thin_step_share * self.config.plan.target_updates
+        if updates >= wanted:
+            return 1.0
+        scale = updates / wanted
+        self.log.append(Thinned(now, self.round, updates, round(wanted, 3), round(scale, 4)))
+        return scale
 
     def after_round(self, rnd: int, now: float, loss: float) -> None:
         for adj in self.monitor.observe(rnd, loss):
