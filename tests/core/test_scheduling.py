@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgesched.core.aggregate import Update, fednova, momentum_steps
-from edgesched.core.decisions import Arrived
+from edgesched.core.decisions import Arrived, Thinned
 from edgesched.core.engine import Job
 from edgesched.core.feedback import ConvergenceMonitor, Knobs
 from edgesched.core.fleet import DeviceView, device_view
@@ -367,6 +367,30 @@ def test_a_job_certain_to_be_lost_is_sent_only_when_nothing_better_is_left():
     assert sorted(a.device for a in plan.assignments) == ["d1", "d3"]
     short = plan_round(cands, 5.0, PlanConfig(target_updates=3, max_overselect=2.0))
     assert len(short.assignments) == 4  # too few sure ones: the doomed are tried (their fate may be wrong)
+
+
+def one_update_step(share: float, k: int) -> tuple[np.ndarray, Scheduler]:
+    """The model after a step on one update that trained every weight from 0 to 1, with `k` updates wanted."""
+    s = Scheduler(SchedulerConfig(PlanConfig(target_updates=k), thin_step_share=share),
+                  Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002}))
+    (a,) = s.plan(1, 0.0, [DeviceView("a", 600, None, "pi")])
+    base = [np.zeros(3, np.float32)]
+    s.arrived(sent(s, a, "j"), 1.0, [np.ones(3, np.float32)], base, steps=5, samples=160, data_size=600,
+              compute_s=0.3, loss=1.0)
+    (model,), used = s.close_round(base, 1.0)
+    assert used == 1
+    return model, s
+
+
+def test_a_step_on_few_updates_moves_the_model_in_proportion_and_says_so():
+    full, quiet = one_update_step(share=0.0, k=10)  # thinning off: the one update is the whole step
+    thin, told = one_update_step(share=0.5, k=10)  # one of the five a full step needs: a fifth of it
+    assert np.allclose(full, 1.0) and np.allclose(thin, 0.2)
+    assert not [d for d in quiet.log if isinstance(d, Thinned)]
+    (note,) = [d for d in told.log if isinstance(d, Thinned)]
+    assert (note.updates, note.wanted, note.scale) == (1, 5.0, 0.2)
+    enough, _ = one_update_step(share=0.5, k=2)  # one update is half of two: a full step
+    assert np.allclose(enough, 1.0)
 
 
 def test_a_predictor_that_does_not_learn_keeps_its_prior():
