@@ -104,7 +104,7 @@ class SchedulerSettings:
     max_overselect: float = 2.0
     min_round_share: float = 0.5  # after a deadline's wait, a round starts expecting this x clients-per-round
     server_lr: float = 1.0
-    thin_step_share: float = 0.5  # a step on fewer than this x clients-per-round updates is scaled down in proportion
+    thin_step_share: float = 0.2  # a step on fewer than this x clients-per-round updates is scaled down in proportion
     fairness_rounds: float = 5.0
     gateway_mbps: float = 0.0
     battery_reserve: float = 20.0

@@ -64,7 +64,7 @@ class SchedulerConfig:
     # A step on few updates leans hard toward their few devices' labels. Below this share of
     # `plan.target_updates` updates the step is scaled by updates / (share x target): the
     # fixed-denominator average, unbiased when fewer devices than wanted take part (0: never).
-    thin_step_share: float = 0.5
+    thin_step_share: float = 0.2
     # FedNova counts a job's work as its local steps. Its momentum-corrected count (the clients
     # use momentum 0.9) is exact for a constant gradient, but it scaled short jobs' early, large
     # gradients up by ~4x and made rounds unstable on label-skewed data (docs/scheduler.md).
