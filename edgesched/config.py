@@ -104,7 +104,7 @@ class SchedulerSettings:
     max_overselect: float = 2.0
     min_round_share: float = 0.5  # after a deadline's wait, a round starts expecting this x clients-per-round
     server_lr: float = 1.0
-    thin_step_share: float = 0.2  # a step on fewer than this x clients-per-round updates is scaled down in proportion
+    thin_steps: bool = True  # a step on fewer than clients-per-round updates is scaled by how much updates agree
     fairness_rounds: float = 5.0
     gateway_mbps: float = 0.0
     battery_reserve: float = 20.0
@@ -125,7 +125,6 @@ class SchedulerSettings:
         _require(self.max_overselect >= 1, "max-overselect", "must be >= 1", self.max_overselect)
         _require(0 < self.min_round_share <= 1, "min-round-share", "must be in (0, 1]", self.min_round_share)
         _require(self.server_lr > 0, "server-lr", "must be > 0", self.server_lr)
-        _require(0 <= self.thin_step_share <= 1, "thin-step-share", "must be in [0, 1]", self.thin_step_share)
         _require(self.fairness_rounds > 0, "fairness-rounds", "must be > 0", self.fairness_rounds)
         _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)
         _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)

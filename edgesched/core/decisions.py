@@ -169,10 +169,10 @@ class Paced(Decision):
 
 @dataclass(frozen=True)
 class Thinned(Decision):
-    """A server step on fewer updates than `thin-step-share` x clients-per-round, scaled down."""
+    """A server step on fewer updates than clients-per-round, scaled by the fleet's agreement."""
 
     updates: int
-    wanted: float
+    agreement: float  # the recent steps' signal-to-noise ratio (edgesched.core.agreement)
     scale: float
 
     KIND: ClassVar[str] = "thin"

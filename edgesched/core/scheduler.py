@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from edgesched.core.aggregate import Update, apply_step, fednova
+from edgesched.core.agreement import Agreement, spread
 from edgesched.core.compress import choose_bits, transfer_ratio
 from edgesched.core.decisions import (
     Adjusted,
@@ -61,10 +62,9 @@ DEFAULT_DRAIN_PCT_PER_S = 0.01  # battery use under load before a device's own s
 class SchedulerConfig:
     plan: PlanConfig
     server_lr: float = 1.0
-    # A step on few updates leans hard toward their few devices' labels. Below this share of
-    # `plan.target_updates` updates the step is scaled by updates / (share x target): the
-    # fixed-denominator average, unbiased when fewer devices than wanted take part (0: never).
-    thin_step_share: float = 0.2
+    # A step on fewer updates than `plan.target_updates` is scaled by how much the fleet's
+    # updates agree (edgesched.core.agreement): label-skewed fleets' one-update steps thin.
+    thin_steps: bool = True
     # FedNova counts a job's work as its local steps. Its momentum-corrected count (the clients
     # use momentum 0.9) is exact for a constant gradient, but it scaled short jobs' early, large
     # gradients up by ~4x and made rounds unstable on label-skewed data (docs/scheduler.md).
@@ -99,6 +99,7 @@ class Scheduler:
         self.predictor = predictor
         self.risk = risk or DropoutModel(RiskConfig(battery_reserve=config.battery_reserve))
         self.guard = UpdateGuard(config.guard)
+        self.agreement = Agreement()
         p = config.plan
         self.monitor = ConvergenceMonitor(Knobs(p.max_epochs, p.max_staleness, config.server_lr), config.feedback,
                                           min_epochs=math.ceil(p.deadline_epochs))
@@ -377,18 +378,17 @@ class Scheduler:
                 self._note_refusal(device, now, verdict)
         if not updates:
             return weights, 0
-        step, _ = fednova(updates, self.config.momentum, self.config.plan.staleness_exponent, self.config.robust)
-        lr = self.monitor.knobs.server_lr * self._step_scale(len(updates), now)
+        exponent = self.config.plan.staleness_exponent
+        step, _ = fednova(updates, self.config.momentum, exponent, self.config.robust)
+        lr = self.monitor.knobs.server_lr
+        if self.config.thin_steps:
+            self.agreement.observe(spread(updates, self.config.momentum, exponent))
+            scale = self.agreement.scale(len(updates), self.config.plan.target_updates)
+            if scale < 1.0:
+                self.log.append(Thinned(now, self.round, len(updates), round(self.agreement.rho or 0.0, 4),
+                                        round(scale, 4)))
+                lr *= scale
         return apply_step(weights, step, lr), len(updates)
-
-    def _step_scale(self, updates: int, now: float) -> float:
-        """What share of a full step `updates` updates earn (logged when less than all)."""
-        wanted = self.config.thin_step_share * self.config.plan.target_updates
-        if updates >= wanted:
-            return 1.0
-        scale = updates / wanted
-        self.log.append(Thinned(now, self.round, updates, round(wanted, 3), round(scale, 4)))
-        return scale
 
     def after_round(self, rnd: int, now: float, loss: float) -> None:
         for adj in self.monitor.observe(rnd, loss):

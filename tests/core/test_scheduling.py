@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from edgesched.core.aggregate import Update, fednova, momentum_steps
+from edgesched.core.agreement import Agreement, spread
 from edgesched.core.decisions import Arrived, Thinned
 from edgesched.core.engine import Job
 from edgesched.core.feedback import ConvergenceMonitor, Knobs
@@ -369,28 +370,50 @@ def test_a_job_certain_to_be_lost_is_sent_only_when_nothing_better_is_left():
     assert len(short.assignments) == 4  # too few sure ones: the doomed are tried (their fate may be wrong)
 
 
-def one_update_step(share: float, k: int) -> tuple[np.ndarray, Scheduler]:
-    """The model after a step on one update that trained every weight from 0 to 1, with `k` updates wanted."""
-    s = Scheduler(SchedulerConfig(PlanConfig(target_updates=k), thin_step_share=share),
+def steps_then_one(directions: list[list[float]], thin: bool = True) -> tuple[np.ndarray, Scheduler]:
+    """Two steps on updates that moved the model by `directions`, then the model after a step on
+    one update moving every weight from 0 to 1, with four updates wanted per step."""
+    s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4), thin_steps=thin),
                   Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002}))
-    (a,) = s.plan(1, 0.0, [DeviceView("a", 600, None, "pi")])
-    base = [np.zeros(3, np.float32)]
-    s.arrived(sent(s, a, "j"), 1.0, [np.ones(3, np.float32)], base, steps=5, samples=160, data_size=600,
-              compute_s=0.3, loss=1.0)
-    (model,), used = s.close_round(base, 1.0)
-    assert used == 1
+    views = [DeviceView(f"d{i}", 600, None, "pi") for i in range(len(directions))]
+    base = [np.zeros(2, np.float32)]
+    for rnd in (1, 2, 3):
+        s.start_round(rnd)
+        chosen = s.plan(rnd, 10.0 * rnd, views)[:len(directions) if rnd < 3 else 1]
+        for a, moved in zip(chosen, directions if rnd < 3 else [[1.0, 1.0]], strict=True):
+            s.arrived(sent(s, a, f"{rnd}{a.device}", 10.0 * rnd), 10.0 * rnd + 1, [np.array(moved, np.float32)], base,
+                      steps=5, samples=160, data_size=600, compute_s=0.3, loss=1.0)
+        (model,), _ = s.close_round(base, 10.0 * rnd + 2)
     return model, s
 
 
-def test_a_step_on_few_updates_moves_the_model_in_proportion_and_says_so():
-    full, quiet = one_update_step(share=0.0, k=10)  # thinning off: the one update is the whole step
-    thin, told = one_update_step(share=0.5, k=10)  # one of the five a full step needs: a fifth of it
-    assert np.allclose(full, 1.0) and np.allclose(thin, 0.2)
-    assert not [d for d in quiet.log if isinstance(d, Thinned)]
+def test_a_step_on_one_update_is_thinned_as_far_as_the_fleets_updates_disagree():
+    disagree = [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]  # mean direction zero: all noise
+    agree = [[1.0, 1.0], [1.1, 0.9], [0.9, 1.1], [1.0, 1.0]]  # nearly the same direction
+    unthinned, off = steps_then_one(disagree, thin=False)
+    noisy, told = steps_then_one(disagree)
+    calm, _ = steps_then_one(agree)
+    assert np.allclose(unthinned, 1.0) and not [d for d in off.log if isinstance(d, Thinned)]
+    assert np.allclose(noisy, 0.25)  # no agreement: one of four updates is a quarter of a step
     (note,) = [d for d in told.log if isinstance(d, Thinned)]
-    assert (note.updates, note.wanted, note.scale) == (1, 5.0, 0.2)
-    enough, _ = one_update_step(share=0.5, k=2)  # one update is half of two: a full step
-    assert np.allclose(enough, 1.0)
+    assert (note.updates, note.agreement, note.scale) == (1, 0.0, 0.25)
+    assert 0.9 < calm[0] < 1.0  # agreeing updates: one is nearly as good as four
+
+
+def test_the_spread_of_a_step_splits_its_updates_into_signal_and_noise():
+    def update(*values: float) -> Update:
+        return Update([np.array(values)], samples=100, steps=2, staleness=0)
+    assert spread([update(1.0, 1.0)], 0.0, 0.5) is None  # one update cannot tell
+    same = spread([update(2.0, 0.0), update(2.0, 0.0)], 0.0, 0.5)
+    assert same == pytest.approx((1.0, 0.0))  # per step (1, 0): all signal
+    opposite = spread([update(2.0, 0.0), update(-2.0, 0.0)], 0.0, 0.5)
+    assert opposite is not None and opposite[0] == 0.0 and opposite[1] == pytest.approx(2.0)
+    agreement = Agreement()
+    agreement.observe(opposite)
+    assert agreement.rho is None and agreement.scale(1, 4) == 1.0  # not until two steps measured it
+    agreement.observe(same)
+    assert agreement.rho == pytest.approx(0.5)
+    assert agreement.scale(1, 4) == pytest.approx(0.25 * 3 / 1.5) and agreement.scale(4, 4) == 1.0
 
 
 def test_a_predictor_that_does_not_learn_keeps_its_prior():

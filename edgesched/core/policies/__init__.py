@@ -60,7 +60,7 @@ def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
         gateway_bytes_per_s=s.gateway_mbps * 1e6 / 8 if s.gateway_mbps > 0 else math.inf,
     )
     guard = GuardConfig(norm_limit=s.update_norm_limit, on_large_norm=s.large_update)
-    return SchedulerConfig(plan=plan, server_lr=s.server_lr, thin_step_share=s.thin_step_share,
+    return SchedulerConfig(plan=plan, server_lr=s.server_lr, thin_steps=s.thin_steps,
                            battery_reserve=s.battery_reserve, guard=guard,
                            robust=s.robust_aggregation, compression=s.compression,
                            max_transfer_share=s.max_transfer_share)
