@@ -20,7 +20,7 @@ from edgesched.flower.nodes import FleetMemory
 from edgesched.flower.run import Saved
 
 CHECKPOINT = "gateway-checkpoint.bin"
-CHECKPOINT_FORMAT = 3  # raised whenever a class the checkpoint pickles changes incompatibly
+CHECKPOINT_FORMAT = 4  # raised whenever a class the checkpoint pickles changes incompatibly
 
 
 @dataclass

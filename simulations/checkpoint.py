@@ -36,7 +36,7 @@ from edgesched.simulations.fleet import FleetSpec
 from edgesched.simulations.heartbeats import VirtualTelemetry
 
 FILE = "checkpoint.bin"
-FORMAT = 4
+FORMAT = 5
 
 
 @dataclass
