@@ -75,6 +75,15 @@ def staleness_weight(staleness: int, exponent: float) -> float:
     return float((1 + staleness) ** -exponent)
 
 
+def fednova_shares(updates: Sequence[Update], exponent: float) -> np.ndarray | None:
+    """Each update's share of a step: data size x staleness discount, summing to 1 (None: no weight)."""
+    shares = np.array([u.samples * staleness_weight(u.staleness, exponent) for u in updates], dtype=np.float64)
+    if shares.sum() <= 0:
+        return None
+    shares /= shares.sum()
+    return shares
+
+
 def fednova(updates: Sequence[Update], momentum: float, exponent: float,
             robust: str = "none", trim: float = 0.2) -> tuple[list[np.ndarray], float]:
     """The server's step from buffered updates, normalised for unequal local work (FedNova).
@@ -89,10 +98,9 @@ def fednova(updates: Sequence[Update], momentum: float, exponent: float,
     """
     if not updates:
         raise ValueError("need at least one update")
-    shares = np.array([u.samples * staleness_weight(u.staleness, exponent) for u in updates], dtype=np.float64)
-    if shares.sum() <= 0:
+    shares = fednova_shares(updates, exponent)
+    if shares is None:
         raise ValueError("updates carry no weight")
-    shares /= shares.sum()
     work = np.array([momentum_steps(u.steps, momentum) for u in updates], dtype=np.float64)
     tau_eff = float(shares @ work)
     step = []

@@ -1,8 +1,7 @@
 """How far to trust a server step on few updates: the fleet's agreement, learned step by step.
 
-A step on one or two updates of a label-skewed fleet leans toward those devices' few classes
-(on campus-100 at 30 % dropout such late steps took the model from 80 % to 60-65 %), while on
-a fleet whose devices hold similar data one update is nearly as good as ten. The difference is
+A step on one or two updates of a label-skewed fleet leans toward those devices' few classes,
+while on a fleet whose devices hold similar data one update is nearly as good as ten. The difference is
 how much the updates agree. Each step with two or more updates measures it: the squared norm of
 the mean direction (the signal) and the variance of one update around it (the noise), both per
 local step as FedNova weighs them. Their ratio `rho` over the recent steps says how much an
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgesched.core.aggregate import Update, momentum_steps, staleness_weight
+from edgesched.core.aggregate import Update, fednova_shares, momentum_steps
 
 
 def spread(updates: Sequence[Update], momentum: float, exponent: float) -> tuple[float, float] | None:
@@ -33,10 +32,9 @@ def spread(updates: Sequence[Update], momentum: float, exponent: float) -> tuple
     discount). Signal: the squared norm of the weighted mean, less the noise it carries; noise:
     the weighted variance of one direction around the mean, corrected for the effective count.
     """
-    shares = np.array([u.samples * staleness_weight(u.staleness, exponent) for u in updates], dtype=np.float64)
-    if len(updates) < 2 or shares.sum() <= 0:
+    shares = fednova_shares(updates, exponent) if len(updates) >= 2 else None
+    if shares is None:
         return None
-    shares /= shares.sum()
     n_eff = 1.0 / float(shares @ shares)
     if n_eff <= 1.0 + 1e-9:
         return None
