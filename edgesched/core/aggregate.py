@@ -50,13 +50,14 @@ class Update:
     """A client's model delta against the global model it started from, and what it cost.
 
     `delta` = start weights - trained weights; `steps` local SGD steps; `staleness` rounds the
-    global model moved on while it trained.
+    global model moved on while it trained; `bits` the width it was sent in (0: float32).
     """
 
     delta: Sequence[np.ndarray]
     samples: int  # the client's data size: its share of the objective
     steps: int
     staleness: int
+    bits: int = 0
 
 
 def momentum_steps(steps: int, momentum: float) -> float:

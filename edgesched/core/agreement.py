@@ -13,6 +13,11 @@ that against a full step's (n = clients-per-round):
 
 so agreeing fleets barely thin, disagreeing ones thin steps on few updates almost in proportion.
 Until two steps have measured it, nothing is thinned.
+
+Agreement is about the devices' data, so it is measured on updates that arrive close to what was
+computed: float32 or at least `FAITHFUL_BITS` wide. A 2-bit update (three levels) can be rounded
+by about as much as it measures, and error feedback sends what was rounded away in the device's
+later jobs: counted here, that rounding would read as disagreement and thin steps for it.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ import numpy as np
 
 from edgesched.core.aggregate import Update, fednova_shares, momentum_steps
 
+FAITHFUL_BITS = 4  # the narrowest width whose updates measure agreement (0, float32, always does)
+
 
 def spread(updates: Sequence[Update], momentum: float, exponent: float) -> tuple[float, float] | None:
-    """(signal, noise) of one step's updates, or None for a step that cannot measure it.
+    """(signal, noise) of one step's updates, or None for a step that cannot measure it (fewer
+    than two updates sent float32 or at least FAITHFUL_BITS wide).
 
     Directions are deltas per unit of local work; weights are FedNova's (data size x staleness
     discount). Signal: the squared norm of the weighted mean, less the noise it carries; noise:
     the weighted variance of one direction around the mean, corrected for the effective count.
     """
+    updates = [u for u in updates if u.bits == 0 or u.bits >= FAITHFUL_BITS]
     shares = fednova_shares(updates, exponent) if len(updates) >= 2 else None
     if shares is None:
         return None

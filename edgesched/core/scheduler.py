@@ -284,7 +284,8 @@ class Scheduler:
             self._loss[job.device] = loss
         ok = staleness <= plan.assignment.staleness_bound
         if ok:
-            self._buffer.append((job.id, job.device, Update(verdict.delta, data_size, steps, staleness)))
+            update = Update(verdict.delta, data_size, steps, staleness, plan.assignment.bits)
+            self._buffer.append((job.id, job.device, update))
         if plan.window is not None:  # on time: within its window, whatever steps came meanwhile
             self._due += 1
             if now - job.sent_at <= plan.window:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -370,10 +371,11 @@ def test_a_job_certain_to_be_lost_is_sent_only_when_nothing_better_is_left():
     assert len(short.assignments) == 4  # too few sure ones: the doomed are tried (their fate may be wrong)
 
 
-def steps_then_one(directions: list[list[float]], thin: bool = True) -> tuple[np.ndarray, Scheduler]:
+def steps_then_one(directions: list[list[float]], thin: bool = True,
+                   compression: str = "off") -> tuple[np.ndarray, Scheduler]:
     """Two steps on updates that moved the model by `directions`, then the model after a step on
     one update moving every weight from 0 to 1, with four updates wanted per step."""
-    s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4), thin_steps=thin),
+    s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4), thin_steps=thin, compression=compression),
                   Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002}))
     views = [DeviceView(f"d{i}", 600, None, "pi") for i in range(len(directions))]
     base = [np.zeros(2, np.float32)]
@@ -398,6 +400,10 @@ def test_a_step_on_one_update_is_thinned_as_far_as_the_fleets_updates_disagree()
     (note,) = [d for d in told.log if isinstance(d, Thinned)]
     assert (note.updates, note.agreement, note.scale) == (1, 0.0, 0.25)
     assert 0.9 < calm[0] < 1.0  # agreeing updates: one is nearly as good as four
+    wide, _ = steps_then_one(disagree, compression="4")
+    narrow, rounded = steps_then_one(disagree, compression="2")
+    assert np.allclose(wide, 0.25)  # 4-bit updates measure agreement as float32 ones do
+    assert np.allclose(narrow, 1.0) and not [d for d in rounded.log if isinstance(d, Thinned)]  # 2-bit ones do not
 
 
 def test_the_spread_of_a_step_splits_its_updates_into_signal_and_noise():
@@ -414,6 +420,11 @@ def test_the_spread_of_a_step_splits_its_updates_into_signal_and_noise():
     agreement.observe(same)
     assert agreement.rho == pytest.approx(0.5)
     assert agreement.scale(1, 4) == pytest.approx(0.25 * 3 / 1.5) and agreement.scale(4, 4) == 1.0
+    rounded = Update([np.array([-2.0, 0.0])], samples=100, steps=2, staleness=0, bits=2)
+    assert spread([update(2.0, 0.0), update(2.0, 0.0), rounded], 0.0, 0.5) == same  # its rounding is not disagreement
+    assert spread([update(2.0, 0.0), rounded], 0.0, 0.5) is None
+    four = dataclasses.replace(rounded, bits=4)
+    assert spread([update(2.0, 0.0), update(2.0, 0.0), four], 0.0, 0.5) != same
 
 
 def test_a_predictor_that_does_not_learn_keeps_its_prior():
