@@ -41,8 +41,9 @@ def weighted_average(updates: Sequence[Sequence[np.ndarray]], weights: Sequence[
 
 
 def apply_step(weights: Sequence[np.ndarray], step: Sequence[np.ndarray], lr: float) -> list[np.ndarray]:
-    """The server step: `weights - lr * step`, computed in float64, kept in each tensor's dtype."""
-    return [(w.astype(np.float64) - lr * s).astype(w.dtype) for w, s in zip(weights, step, strict=True)]
+    """The server step: `weights - lr * step`, computed in float64, kept in each tensor's dtype
+    (and an array: numpy makes a 0-d result, such as BatchNorm's batch count, a bare scalar)."""
+    return [np.asarray(w.astype(np.float64) - lr * s).astype(w.dtype) for w, s in zip(weights, step, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ class Holdings:
         else:  # no copy yet: the difference from zero
             base, held = NO_BASE, [np.zeros(m.shape, np.float32) for m in model]
         packed = encode([m.astype(np.float32) - h for m, h in zip(model, held, strict=True)], DOWNLINK_BITS)
-        rebuilt = [h + dequantize(p, h.shape, DOWNLINK_BITS) for p, h in zip(packed, held, strict=True)]
+        rebuilt = [np.asarray(h + dequantize(p, h.shape, DOWNLINK_BITS)) for p, h in zip(packed, held, strict=True)]
         self._count += 1
         return Download(packed, base, f"{device}#{self._count}", rebuilt)
 

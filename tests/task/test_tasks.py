@@ -79,13 +79,10 @@ def test_a_task_that_cannot_be_had_is_one_line(name, says):
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
-def test_an_own_task_trains_in_a_fleet_simulation_with_no_edit_to_edgesched(tmp_path):
-    for name in ("wine_task.py", "wine.csv"):  # the user's folder: their task beside their fleet file
-        shutil.copy(WINE / name, tmp_path / name)
-    (tmp_path / "wine-6.toml").write_text("""name = "wine-6"
+WINE_FLEET = """name = "wine-6"
 target_accuracy = 0.9
 [data]
-dataset = "wine_task.py:task"
+dataset = "{task}"
 partitioner = "iid"
 [training]
 rounds = 5
@@ -102,15 +99,46 @@ network = "wifi"
 board = "phone-mid"
 count = 3
 network = "mobile"
-""")
+"""
+
+
+def simulate_wine(folder: Path, task: str, *args: str) -> dict[str, np.ndarray]:
+    """A wine fleet's simulation of `task`, run as a user runs it; its final model."""
+    (folder / "wine-6.toml").write_text(WINE_FLEET.format(task=task))
     done = subprocess.run([sys.executable, "-m", "edgesched", "simulate", "--fleet", "wine-6.toml", "--engine",
-                           "in-process", "--out", "run"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                           "in-process", "--out", "run", *args], cwd=folder, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((folder / "run" / "summary.json").read_text())
     assert summary["final_accuracy"] > 0.8, summary  # three cultivars: chance is a third
-    with np.load(tmp_path / "run" / "model.npz") as model:
-        assert {k: model[k].shape for k in model.files} == {"0.weight": (32, 13), "0.bias": (32,),
-                                                            "2.weight": (3, 32), "2.bias": (3,)}
+    with np.load(folder / "run" / "model.npz") as model:
+        return {k: model[k] for k in model.files}
+
+
+def test_an_own_task_trains_in_a_fleet_simulation_with_no_edit_to_edgesched(tmp_path):
+    for name in ("wine_task.py", "wine.csv"):  # the user's folder: their task beside their fleet file
+        shutil.copy(WINE / name, tmp_path / name)
+    model = simulate_wine(tmp_path, "wine_task.py:task")
+    assert {k: w.shape for k, w in model.items()} == {"0.weight": (32, 13), "0.bias": (32,),
+                                                      "2.weight": (3, 32), "2.bias": (3,)}
+
+
+@pytest.mark.parametrize("strategy", ["edgesched", "edgesched-compressed"])
+def test_a_model_with_batch_norm_trains_plain_and_compressed(tmp_path, strategy):
+    # BatchNorm's batch count is a 0-d int64 tensor: numpy turns 0-d results into bare scalars.
+    (tmp_path / "wine_bn.py").write_text(f"""
+import dataclasses, sys
+from torch import nn
+sys.path.insert(0, {str(WINE)!r})
+import wine_task
+def model():
+    return nn.Sequential(nn.Linear(13, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
+task = dataclasses.replace(wine_task.task, name="wine-bn", model=model)
+""")
+    model = simulate_wine(tmp_path, "wine_bn.py:task", "--strategy", strategy)
+    count = model["1.num_batches_tracked"]
+    assert count.shape == () and count.dtype == np.int64 and count > 0
+    assert model["1.running_var"].shape == (32,)
 
 
 # --- a board's own data -------------------------------------------------------------------------
