@@ -51,7 +51,7 @@ def rebuild(arrays: ArrayRecord, job: ConfigRecord, shapes: dict[str, tuple[int,
         else _load(folder / _held_name(base_tag))
     if base is None or [b.shape for b in base.values()] != [c.shape for c in change]:
         raise EdgeschedError(f"{BASE_MISSING}: {base_tag}")
-    rebuilt = {k: base[k] + c for k, c in zip(keys, change, strict=True)}
+    rebuilt = {k: np.asarray(base[k] + c) for k, c in zip(keys, change, strict=True)}  # 0-d stays an array
     _save(folder / _held_name(str(job[DOWNLINK_TAG])), rebuilt)
     held = sorted(folder.glob("held-*.npz"), key=lambda p: p.stat().st_mtime_ns)
     for old in held[:-HELD_COPIES]:

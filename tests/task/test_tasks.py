@@ -123,10 +123,7 @@ def test_an_own_task_trains_in_a_fleet_simulation_with_no_edit_to_edgesched(tmp_
                                                       "2.weight": (3, 32), "2.bias": (3,)}
 
 
-@pytest.mark.parametrize("strategy", ["edgesched", "edgesched-compressed"])
-def test_a_model_with_batch_norm_trains_plain_and_compressed(tmp_path, strategy):
-    # BatchNorm's batch count is a 0-d int64 tensor: numpy turns 0-d results into bare scalars.
-    (tmp_path / "wine_bn.py").write_text(f"""
+WINE_BATCH_NORM = f"""
 import dataclasses, sys
 from torch import nn
 sys.path.insert(0, {str(WINE)!r})
@@ -134,11 +131,36 @@ import wine_task
 def model():
     return nn.Sequential(nn.Linear(13, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
 task = dataclasses.replace(wine_task.task, name="wine-bn", model=model)
-""")
-    model = simulate_wine(tmp_path, "wine_bn.py:task", "--strategy", strategy)
+"""
+
+
+def assert_batch_norm_kept(model: dict[str, np.ndarray]) -> None:
     count = model["1.num_batches_tracked"]
     assert count.shape == () and count.dtype == np.int64 and count > 0
     assert model["1.running_var"].shape == (32,)
+
+
+# BatchNorm's batch count is a 0-d int64 tensor, and numpy turns 0-d results into bare scalars.
+@pytest.mark.parametrize("strategy", ["edgesched", "edgesched-compressed"])
+def test_a_model_with_batch_norm_trains_in_a_simulation_plain_and_compressed(tmp_path, strategy):
+    (tmp_path / "wine_bn.py").write_text(WINE_BATCH_NORM)
+    assert_batch_norm_kept(simulate_wine(tmp_path, "wine_bn.py:task", "--strategy", strategy))
+
+
+@pytest.mark.parametrize("compression", ["off", "adaptive"])
+def test_a_model_with_batch_norm_trains_on_boards_plain_and_compressed(tmp_path, compression):
+    (tmp_path / "wine_bn.py").write_text(WINE_BATCH_NORM)
+    rows, nodes = _wine_rows(), {}
+    for i, node in enumerate((101, 202, 303)):
+        (tmp_path / f"node-{node}").mkdir()
+        (tmp_path / f"node-{node}" / "data.csv").write_text("\n".join(rows[i::3]) + "\n")
+        nodes[node] = {"device-id": f"board-{node}", "local-data": str(tmp_path / f"node-{node}")}
+    cfg = RunConfig.from_mapping({"dataset": f"{tmp_path / 'wine_bn.py'}:task", "clients": 3, "rounds": 3,
+                                  "strategy": "edgesched", "min-deadline": 0.01, "compression": compression})
+    result = run_on_grid(LocalGrid(nodes), cfg, lambda *_: None, identify=True)
+    assert result.stopped is None and len(result.rounds) == 3
+    assert sum(isinstance(d, Arrived) for d in result.decisions) >= 6
+    assert_batch_norm_kept(result.weights)
 
 
 # --- a board's own data -------------------------------------------------------------------------
