@@ -102,7 +102,7 @@ def _timed_run(args: argparse.Namespace, fleet: str, dropout: float, strategy: s
 
 def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any], out: Path) -> dict[str, Any]:
     """One run's figures: its virtual time to each of the table's targets and its accuracy curve
-    (from rounds.csv), the jobs it sent and lost, and its prediction error."""
+    (from rounds.csv), the jobs it sent and lost, its prediction error, and the commit that ran it."""
     keys = ("final_accuracy", "best_accuracy", "virtual_seconds", "device_seconds", "bytes_up", "bytes_down",
             "rounds", "seconds", "target_accuracy", "clients_trained", "time_budget_s")
     with (out / "rounds.csv").open() as f:
@@ -113,6 +113,7 @@ def row(fleet: str, dropout: float, strategy: str, seed: int, s: dict[str, Any],
     return {"fleet": fleet, "dropout": dropout, "strategy": strategy, "seed": seed, "reached": reached,
             "curve": curve, "sent": sum(int(r.get("selected") or 0) for r in rounds),
             "lost": sum(int(r.get("failed") or 0) for r in rounds), "prediction_error_pct": error,
+            "commit": (out / "commit.txt").read_text().strip() if (out / "commit.txt").exists() else "unknown",
             **{k: s.get(k) for k in keys}}
 
 
@@ -309,9 +310,8 @@ def collect(runs_dir: Path) -> list[dict[str, Any]]:
         out = summary.parent
         fleet, dropout, strategy = out.parts[-4], int(out.parts[-3].removeprefix("dropout")) / 100, out.parts[-2]
         if strategy in CONTENDERS:
-            commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").exists() else "unknown"
-            rows.append({**row(fleet, dropout, strategy, int(out.name.removeprefix("seed")),
-                               json.loads(summary.read_text()), out), "commit": commit})
+            rows.append(row(fleet, dropout, strategy, int(out.name.removeprefix("seed")),
+                            json.loads(summary.read_text()), out))
     return rows
 
 

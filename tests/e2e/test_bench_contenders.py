@@ -136,9 +136,10 @@ def test_a_fleet_file_of_ones_own_runs_and_is_labelled_by_its_name(tmp_path, mon
     mine.parent.mkdir()
     mine.write_text((FLEETS / "lab-20.toml").read_text().replace('name = "lab-20"', 'name = "my-lab"'))
 
-    def fake_run(fleet, dropout, strategy, seed, rounds, out, *rest):
+    def fake_run(fleet, dropout, strategy, seed, rounds, out, data_dir, engine, commit, time_budget):
         assert fleet == str(mine)  # the file is what runs
         out.mkdir(parents=True)
+        (out / "commit.txt").write_text(commit + "\n")
         (out / "rounds.csv").write_text("round,accuracy,virtual_seconds\n1,0.9,10\n")
         return {"target_accuracy": 0.85, "final_accuracy": 0.9, "virtual_seconds": 10.0, "device_seconds": 1.0,
                 "bytes_up": 1, "bytes_down": 1, "rounds": 1, "seconds": 1.0, "clients_trained": 3}
@@ -148,4 +149,4 @@ def test_a_fleet_file_of_ones_own_runs_and_is_labelled_by_its_name(tmp_path, mon
                      time_budget=None, names={str(mine): contenders._fleet_name(str(mine))})
     r, _ = contenders._timed_run(args, str(mine), 0.3, "edgesched", 0)
     assert r["fleet"] == "my-lab" and (tmp_path / "runs" / "my-lab" / "dropout30" / "edgesched" / "seed0").is_dir()
-    assert "### my-lab, 30% dropout" in table([r])
+    assert "### my-lab, 30% dropout" in table([r]) and "Commit: abc." in table([r])  # the table after a run
