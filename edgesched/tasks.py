@@ -69,9 +69,13 @@ class Task:
         """Parameters and forward MACs per sample: where sizing a model for a board starts."""
         from edgesched.macs import count_macs
 
-        model = self.build()
-        return {"model_parameters": sum(p.numel() for p in model.parameters()),
-                "model_macs_per_sample": count_macs(model, torch.zeros(self.input_shape))}
+        try:
+            model = self.build()
+            macs = count_macs(model, torch.zeros(self.input_shape))
+        except Exception as exc:  # the user's model: why it cannot run is theirs to see, in one line
+            raise ConfigError(f"task {self.name!r}: its model cannot take one float32 sample shaped "
+                              f"{self.input_shape}: {type(exc).__name__}: {exc}") from None
+        return {"model_parameters": sum(p.numel() for p in model.parameters()), "model_macs_per_sample": macs}
 
 
 _DIGIT_NAMES = tuple(str(d) for d in range(10))

@@ -123,6 +123,25 @@ def test_an_own_task_trains_in_a_fleet_simulation_with_no_edit_to_edgesched(tmp_
                                                       "2.weight": (3, 32), "2.bias": (3,)}
 
 
+@pytest.mark.parametrize(("change", "says"), [
+    ("input_shape=(12,)", "its model cannot take one float32 sample shaped (12,): RuntimeError"),
+    ("model=lambda: wine_task.model().double()", "got Float and Double"),
+])
+def test_a_model_that_cannot_take_its_declared_input_is_one_line(tmp_path, change, says):
+    (tmp_path / "broken.py").write_text(f"""
+import dataclasses, sys
+sys.path.insert(0, {str(WINE)!r})
+import wine_task
+task = dataclasses.replace(wine_task.task, {change})
+""")
+    (tmp_path / "wine-6.toml").write_text(WINE_FLEET.format(task="broken.py:task"))
+    done = subprocess.run([sys.executable, "-m", "edgesched", "simulate", "--fleet", "wine-6.toml", "--engine",
+                           "in-process", "--out", "run"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("edgesched: error: task 'wine': ") and says in line
+
+
 WINE_BATCH_NORM = f"""
 import dataclasses, sys
 from torch import nn
