@@ -102,12 +102,24 @@ network = "mobile"
 """
 
 
-def simulate_wine(folder: Path, task: str, *args: str) -> dict[str, np.ndarray]:
-    """A wine fleet's simulation of `task`, run as a user runs it; its final model."""
+# A task file's start: the wine task, to vary with dataclasses.replace.
+WINE_VARIANT = f"""import dataclasses, sys
+sys.path.insert(0, {str(WINE)!r})
+import wine_task
+"""
+
+
+def run_wine_fleet(folder: Path, task: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`edgesched simulate` of a wine fleet training `task`, run in `folder` as a user runs it."""
     (folder / "wine-6.toml").write_text(WINE_FLEET.format(task=task))
-    done = subprocess.run([sys.executable, "-m", "edgesched", "simulate", "--fleet", "wine-6.toml", "--engine",
+    return subprocess.run([sys.executable, "-m", "edgesched", "simulate", "--fleet", "wine-6.toml", "--engine",
                            "in-process", "--out", "run", *args], cwd=folder, capture_output=True, text=True,
                           timeout=300)
+
+
+def simulate_wine(folder: Path, task: str, *args: str) -> dict[str, np.ndarray]:
+    """A wine fleet's simulation of `task`; its final model."""
+    done = run_wine_fleet(folder, task, *args)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((folder / "run" / "summary.json").read_text())
     assert summary["final_accuracy"] > 0.8, summary  # three cultivars: chance is a third
@@ -128,25 +140,14 @@ def test_an_own_task_trains_in_a_fleet_simulation_with_no_edit_to_edgesched(tmp_
     ("model=lambda: wine_task.model().double()", "got Float and Double"),
 ])
 def test_a_model_that_cannot_take_its_declared_input_is_one_line(tmp_path, change, says):
-    (tmp_path / "broken.py").write_text(f"""
-import dataclasses, sys
-sys.path.insert(0, {str(WINE)!r})
-import wine_task
-task = dataclasses.replace(wine_task.task, {change})
-""")
-    (tmp_path / "wine-6.toml").write_text(WINE_FLEET.format(task="broken.py:task"))
-    done = subprocess.run([sys.executable, "-m", "edgesched", "simulate", "--fleet", "wine-6.toml", "--engine",
-                           "in-process", "--out", "run"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    (tmp_path / "broken.py").write_text(WINE_VARIANT + f"task = dataclasses.replace(wine_task.task, {change})\n")
+    done = run_wine_fleet(tmp_path, "broken.py:task")
     assert done.returncode != 0 and "Traceback" not in done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("edgesched: error: task 'wine': ") and says in line
 
 
-WINE_BATCH_NORM = f"""
-import dataclasses, sys
-from torch import nn
-sys.path.insert(0, {str(WINE)!r})
-import wine_task
+WINE_BATCH_NORM = WINE_VARIANT + """from torch import nn
 def model():
     return nn.Sequential(nn.Linear(13, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 3))
 task = dataclasses.replace(wine_task.task, name="wine-bn", model=model)
@@ -255,11 +256,7 @@ def test_a_board_declares_and_trains_its_own_data_without_any_public_data(tmp_pa
 
 def test_an_own_training_step_is_the_one_boards_run(tmp_path):
     task_file = tmp_path / "counted.py"
-    task_file.write_text(f"""
-import dataclasses, sys
-sys.path.insert(0, {str(WINE)!r})
-import wine_task
-from edgesched.training import train
+    task_file.write_text(WINE_VARIANT + """from edgesched.training import train
 calls = []
 def counted(model, x, y, **kw):
     calls.append(len(y))
