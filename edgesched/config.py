@@ -46,7 +46,8 @@ BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive schedule
 # The ablations switch one mechanism of the adaptive scheduler off, or fix its pace; the compressed
 # variants send updates in fewer bits, chosen per job or fixed (docs/benchmarks.md).
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
-             *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed", "edgesched-compressed-8")
+             "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
+             "edgesched-compressed-8")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.

@@ -14,6 +14,8 @@
     `edgesched-no-staleness` (an update that misses its round never counts),
     `edgesched-no-equal-finish` (every device does exactly FedAvg's epochs, fast or slow),
     `edgesched-no-churn` (departures between jobs neither raise risk nor shorten jobs),
+    `edgesched-no-reserve` (a phone's battery may be trained flat, as the baselines do: no 20 %
+    kept for its owner),
     or set its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
     pace over the planner, or `learned` in the run).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
@@ -50,6 +52,7 @@ DEADLINE_OVERSELECT = 1.3
 # local epochs, however fast or slow it is.
 ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-staleness": lambda cfg: {"max-staleness": 0},
+    "edgesched-no-reserve": lambda cfg: {"battery-reserve": 0.0},
     "edgesched-no-equal-finish": lambda cfg: {"min-epochs": float(cfg.training.local_epochs),
                                               "max-epochs": cfg.training.local_epochs},
     **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACE_CHOICES},

@@ -146,9 +146,9 @@ def sent(s: Scheduler, a: Assignment, job_id: str, now: float = 0.0) -> Job:
     return Job(job_id, a.device, s.round, None, now, s.dispatched(a, None))
 
 
-def scheduler(k: int = 2, **plan: object) -> Scheduler:
+def scheduler(k: int = 2, battery_reserve: float = 20.0, **plan: object) -> Scheduler:
     predictor = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002})
-    return Scheduler(SchedulerConfig(PlanConfig(target_updates=k, **plan)), predictor)
+    return Scheduler(SchedulerConfig(PlanConfig(target_updates=k, **plan), battery_reserve=battery_reserve), predictor)
 
 
 def test_device_with_falling_battery_gets_less_work_then_none():
@@ -164,6 +164,15 @@ def test_device_with_falling_battery_gets_less_work_then_none():
     s = scheduler(k=1, max_epochs=5, min_epochs=0.25)
     view = DeviceView("phone", 3000, hb("phone", 0.0, battery_percent=15.0, charging=True), "pi")
     assert s.plan(1, 0.0, [view])[0].samples == work[0]
+    # With no reserve (the edgesched-no-reserve contender), the phone the reserve held at 15 % gets a
+    # full job, and at 5 % what it can do before it is predicted flat.
+    without = []
+    for level in (15.0, 5.0):
+        s = scheduler(k=1, battery_reserve=0.0, max_epochs=5, min_epochs=0.25)
+        view = DeviceView("phone", 3000, hb("phone", 0.0, battery_percent=level, charging=False), "pi",
+                          battery_drain_pct_s=0.5)
+        without.append(s.plan(1, 0.0, [view])[0].samples)
+    assert without[0] == work[0] and 0 < without[1] < work[0]
 
 
 def test_a_wobbling_loss_never_lowers_max_epochs_below_the_least_work():
