@@ -89,3 +89,17 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
     deadline = nominal_deadline(fleet, sizes, fleet.spec.run)
     assert times[0] < deadline <= times[-1]
     assert sum(t <= deadline for t in times) >= 0.9 * len(times)
+
+
+def test_the_no_reserve_contender_plans_and_rates_risk_without_the_battery_reserve():
+    from edgesched.simulations.contenders import make_policy
+
+    fleet = _fleet("lab-20")
+    sizes = [3000] * len(fleet.devices)
+    kept = {}
+    for strategy in ("edgesched", "edgesched-no-reserve"):
+        policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
+                             SimpleNamespace(now=lambda: 0.0))
+        scheduler = policy.scheduler
+        kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve)
+    assert kept == {"edgesched": (20.0, 20.0), "edgesched-no-reserve": (0.0, 0.0)}
