@@ -151,10 +151,11 @@ def scheduler(k: int = 2, battery_reserve: float = SchedulerConfig.battery_reser
     return Scheduler(SchedulerConfig(PlanConfig(target_updates=k, **plan), battery_reserve=battery_reserve), predictor)
 
 
-def work_on_battery(level: float, battery_reserve: float = SchedulerConfig.battery_reserve) -> int:
-    """Samples planned for an unplugged phone at `level` % draining 0.5 %/s (0: none)."""
+def work_on_battery(level: float, battery_reserve: float = SchedulerConfig.battery_reserve,
+                    charging: bool = False) -> int:
+    """Samples planned for a phone at `level` % draining 0.5 %/s unless `charging` (0: none)."""
     s = scheduler(k=1, battery_reserve=battery_reserve, max_epochs=5, min_epochs=0.25)
-    view = DeviceView("phone", 3000, hb("phone", 0.0, battery_percent=level, charging=False), "pi",
+    view = DeviceView("phone", 3000, hb("phone", 0.0, battery_percent=level, charging=charging), "pi",
                       battery_drain_pct_s=0.5)
     assignments = s.plan(1, 0.0, [view])
     return assignments[0].samples if assignments else 0
@@ -164,9 +165,7 @@ def test_device_with_falling_battery_gets_less_work_then_none():
     work = [work_on_battery(level) for level in (90.0, 24.0, 22.5, 15.0)]  # toward a 20 % reserve
     assert work[0] > work[1] > work[2] > 0 and work[3] == 0
     # Plugged in, the same low battery is no limit.
-    s = scheduler(k=1, max_epochs=5, min_epochs=0.25)
-    view = DeviceView("phone", 3000, hb("phone", 0.0, battery_percent=15.0, charging=True), "pi")
-    assert s.plan(1, 0.0, [view])[0].samples == work[0]
+    assert work_on_battery(15.0, charging=True) == work[0]
     # With no reserve (the edgesched-no-reserve contender), the phone the reserve held at 15 % gets a
     # full job, and at 5 % what it can do before it is predicted flat.
     without = [work_on_battery(level, battery_reserve=0.0) for level in (15.0, 5.0)]
