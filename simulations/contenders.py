@@ -17,7 +17,9 @@
     `edgesched-no-reserve` (a phone's battery may be trained flat, as the baselines do: no 20 %
     kept for its owner),
     or set its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
-    pace over the planner, or `learned` in the run).
+    pace over the planner, or `learned` in the run);
+    `edgesched-early-step` adds one: a streamed step does not hold idle devices for an update
+    that is far off (`early-step`, edgesched.core.policies.edgesched).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -56,6 +58,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-equal-finish": lambda cfg: {"min-epochs": float(cfg.training.local_epochs),
                                               "max-epochs": cfg.training.local_epochs},
     **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACE_CHOICES},
+    "edgesched-early-step": lambda cfg: {"early-step": True},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

@@ -112,6 +112,7 @@ class Scheduler:
         self._buffer: list[tuple[str, str, Update]] = []  # (job id, device, update)
         self._last_round: dict[str, int] = {}
         self._loss: dict[str, float] = {}
+        self._took: dict[str, float] = {}  # each device's last counted job, send to reply, in seconds
         self._due = 0  # this round's jobs planned to make the deadline, less those lost
         self._on_time = 0
         self.errors: list[float] = []  # |predicted/actual - 1| of this round's arrivals
@@ -286,6 +287,7 @@ class Scheduler:
         if ok:
             update = Update(verdict.delta, data_size, steps, staleness, plan.assignment.bits)
             self._buffer.append((job.id, job.device, update))
+            self._took[job.device] = now - job.sent_at
         if plan.window is not None:  # on time: within its window, whatever steps came meanwhile
             self._due += 1
             if now - job.sent_at <= plan.window:
@@ -355,6 +357,19 @@ class Scheduler:
     def waiting(self) -> set[str]:
         """The devices whose update waits for the next server step."""
         return {device for _, device, _ in self._buffer}
+
+    def idle_outweighs_wait(self, jobs: Iterable[Job], now: float) -> bool:
+        """Streaming: whether the devices whose updates wait for the step (held, idle) could each
+        do a whole job, at their median last job time, before the next update that may still count
+        is predicted in. Holding them then costs more work than a step on fewer updates."""
+        if not self._buffer:
+            return False
+        due = [job.sent_at + job.plan.prediction.job_seconds(job.plan.assignment.samples)
+               for job in jobs if not job.plan.expired]
+        if not due:
+            return True
+        took = float(np.median([self._took[device] for device in self.waiting]))
+        return bool(max(now, min(due)) - now > took)
 
     def round_complete(self, jobs: Mapping[str, Job]) -> bool:
         """Every job of this round has ended and every on-time update is in (the round may end early)."""

@@ -91,6 +91,32 @@ def test_streaming_steps_at_once_when_no_update_is_still_coming():
     assert sorted({s.device for s in transport.sent}) == ["d0", "d1"]
 
 
+class TwoBoards(Fleet):
+    """d0 and d1 are fast boards, d2 and d3 slow ones, and the predictor's priors know it."""
+
+    def views(self, now: float) -> list[DeviceView]:
+        return [DeviceView(v.device, v.samples, board="fast" if v.device in ("d0", "d1") else "slow")
+                for v in super().views(now)]
+
+
+def test_an_early_step_frees_held_devices_when_the_next_update_is_far_off():
+    # k = 4: d0 and d1 are back at 1 s, d2 and d3 at 12 s. Held for a full step, the fast two idle
+    # for 11 s; with early-step the step is taken on their two updates (half of k) once each of them
+    # could do a whole job before a slow one is due, and they are sent again at once.
+    def first_step(early: bool) -> tuple[tuple[int, float], list[float]]:
+        transport = ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 1.0, "d2": 12.0, "d3": 12.0})
+        cfg = RunConfig.from_mapping({"clients": 4, "fraction-train": 1.0, "round-timeout": 600.0,
+                                      "strategy": "edgesched", "pace": "stream", "min-deadline": 20.0,
+                                      "early-step": early})
+        policy = policies.edgesched(cfg, Predictor(4 * 10_000, {"fast": 1 / 60, "slow": 12 / 60}))
+        _, records = run(policy, transport, TwoBoards(4), steps=2)
+        return (records[0][0].replied, records[0][0].virtual_seconds), [t for t, d in sends(transport) if d == "d0"]
+
+    assert first_step(early=False) == ((4, 12.0), [0.0, 12.0])
+    step, d0_sent = first_step(early=True)
+    assert step == (2, 1.0) and d0_sent[:2] == [0.0, 1.0]
+
+
 def test_a_fixed_pace_is_logged_once():
     policy = edgesched(2, "stream")
     run(policy, ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 1.0}), Fleet(2), steps=3)

@@ -40,7 +40,8 @@ def fedbuff(cfg: RunConfig) -> FedBuff:
 
 def edgesched(cfg: RunConfig, predictor: Predictor, risk: DropoutModel | None = None) -> EdgeschedPolicy:
     scheduler = Scheduler(scheduler_config(cfg), predictor, risk)
-    return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share, pacer(cfg.scheduler.pace))
+    return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share, pacer(cfg.scheduler.pace),
+                           early_step=cfg.scheduler.early_step)
 
 
 def pacer(name: str) -> FixedPacer | LearnedPacer:

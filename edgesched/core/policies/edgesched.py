@@ -20,8 +20,10 @@ that may learn it in the run:
   are in (at most one per device: a device whose update waits for the
   step is held; never more than the devices online); at once when no job that could still count
   is out, so that no device waits for a step nobody else can bring; once two deadlines have
-  passed since the last step, with `min_round_share` of them; and after the round timeout with
-  whatever is in.
+  passed since the last step, with `min_round_share` of them; with `early_step`, also with
+  `min_round_share` of them as soon as the held devices could each do a whole job (at their
+  last job's time) before the next update is predicted in, since holding them then idles more
+  work than a smaller step loses; and after the round timeout with whatever is in.
 
 Either way the scheduler (edgesched.core.scheduler) gives each chosen device its own work; jobs
 that land after the step stay in flight and count in a later one while within their staleness
@@ -48,8 +50,9 @@ Pacer = FixedPacer | LearnedPacer
 
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float,
-                 pacer: Pacer) -> None:
+                 pacer: Pacer, early_step: bool = False) -> None:
         self.scheduler = scheduler
+        self.early_step = early_step
         self.round_timeout = round_timeout
         self.min_round_share = min_round_share
         self.pacer = pacer
@@ -164,8 +167,12 @@ class EdgeschedPolicy:
             return self._round_end is not None and (self.scheduler.round_complete(jobs) or now >= self._round_end)
         buffered, k = self.scheduler.buffered, self._step_size()
         coming = any(not job.plan.expired for job in jobs.values())  # an update that may still count
-        return buffered >= k or (buffered > 0 and not coming) \
-            or (now >= self._starved_at() and buffered >= math.ceil(self.min_round_share * k)) or now >= self._give_up
+        enough = buffered >= math.ceil(self.min_round_share * k)
+        return buffered >= k or (buffered > 0 and not coming) or now >= self._give_up \
+            or (enough and (now >= self._starved_at() or self._idle_outweighs_wait(now, jobs)))
+
+    def _idle_outweighs_wait(self, now: float, jobs: Mapping[str, Job]) -> bool:
+        return self.early_step and self.scheduler.idle_outweighs_wait(jobs.values(), now)
 
     def _starved_at(self) -> float:
         """Streaming: when to step with fewer updates than the pace wants (the fleet cannot supply
