@@ -364,12 +364,10 @@ class Scheduler:
         is predicted in. Holding them then costs more work than a step on fewer updates."""
         if not self._buffer:
             return False
-        due = [job.sent_at + job.plan.prediction.job_seconds(job.plan.assignment.samples)
-               for job in jobs if not job.plan.expired]
-        if not due:
-            return True
+        due = min((job.sent_at + job.plan.prediction.job_seconds(job.plan.assignment.samples)
+                   for job in jobs if not job.plan.expired), default=math.inf)  # none: nothing to wait for
         took = float(np.median([self._took[device] for device in self.waiting]))
-        return bool(max(now, min(due)) - now > took)
+        return max(now, due) - now > took
 
     def round_complete(self, jobs: Mapping[str, Job]) -> bool:
         """Every job of this round has ended and every on-time update is in (the round may end early)."""

@@ -169,10 +169,8 @@ class EdgeschedPolicy:
         coming = any(not job.plan.expired for job in jobs.values())  # an update that may still count
         enough = buffered >= math.ceil(self.min_round_share * k)
         return buffered >= k or (buffered > 0 and not coming) or now >= self._give_up \
-            or (enough and (now >= self._starved_at() or self._idle_outweighs_wait(now, jobs)))
-
-    def _idle_outweighs_wait(self, now: float, jobs: Mapping[str, Job]) -> bool:
-        return self.early_step and self.scheduler.idle_outweighs_wait(jobs.values(), now)
+            or (enough and (now >= self._starved_at()
+                            or (self.early_step and self.scheduler.idle_outweighs_wait(jobs.values(), now))))
 
     def _starved_at(self) -> float:
         """Streaming: when to step with fewer updates than the pace wants (the fleet cannot supply
