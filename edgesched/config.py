@@ -47,7 +47,7 @@ BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive schedule
 # variants send updates in fewer bits, chosen per job or fixed (docs/benchmarks.md).
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
-             "edgesched-compressed-8", "edgesched-early-step")
+             "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -114,6 +114,7 @@ class SchedulerSettings:
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
     pace: str = "learned"  # when devices get work and the server steps: "stream", "rounds", or "learned" in the run
+    matched_spans: bool = False  # learned pace: each pace judged over as long a span as the other's last block
     compression: str = "off"  # "adaptive" per job from the device's link, or a fixed width in bits
     max_transfer_share: float = 0.1  # adaptive: the widest update whose transfers stay within this share of a job
 

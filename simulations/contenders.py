@@ -19,7 +19,9 @@
     or set its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
     pace over the planner, or `learned` in the run);
     `edgesched-early-step` adds one: a streamed step does not hold idle devices for an update
-    that is far off (`early-step`, edgesched.core.policies.edgesched).
+    that is far off (`early-step`, edgesched.core.policies.edgesched); so does
+    `edgesched-matched-spans`: the learned pace judges each pace over as long a span as the
+    other's (`matched-spans`, edgesched.core.pace).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -59,6 +61,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
                                               "max-epochs": cfg.training.local_epochs},
     **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACE_CHOICES},
     "edgesched-early-step": lambda cfg: {"early-step": True},
+    "edgesched-matched-spans": lambda cfg: {"matched-spans": True},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

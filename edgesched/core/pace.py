@@ -12,9 +12,13 @@ A pacer chooses the pace for each block of server steps: `FixedPacer` always the
 paces (discounted UCB, Garivier and Moulines 2011): each block of `block_steps` steps is played
 at one pace and rewarded with how fast the global loss fell during it, in log loss per second
 (the least-squares slope over the block's steps). The loss swings from step to step, so a block
-is six steps: a slope over three was mostly noise, and the bandit only took turns. Old blocks
-count less and less (`discount` per block): a pace that led while the model was young must prove
-itself again later. Every choice is returned with its reason for decisions.jsonl. No randomness:
+is six steps: a slope over three was mostly noise, and the bandit only took turns.
+With `match_spans`, a block also lasts at least as long as the other pace's last six steps took
+(six rounds at the scheduler's deadline while rounds are untried). Six streamed steps can take a
+tenth of the time of six rounds: judged on a tenth of the span, streaming's slope carried far
+more noise, and the exploration spent most of the time on the slower pace (docs/scheduler.md).
+Old blocks count less and less (`discount` per block): a pace that led while the model was young
+must prove itself again later. Every choice is returned with its reason for decisions.jsonl. No randomness:
 ties go to the earlier pace in the list, so a seed repeats.
 """
 
@@ -44,7 +48,7 @@ class FixedPacer:
         self.pace = pace
         self._told = False
 
-    def choose(self, step: int, now: float) -> tuple[Pace, str | None]:
+    def choose(self, step: int, now: float, round_seconds: float = 0.0) -> tuple[Pace, str | None]:
         """The pace of `step`, and why when it was chosen anew (None: unchanged)."""
         why = None if self._told else "fixed pace"
         self._told = True
@@ -59,6 +63,7 @@ class BanditConfig:
     block_steps: int = 6  # server steps played at one pace before it is judged
     discount: float = 0.8  # each block, every past block's weight is multiplied by this
     explore: float = 0.5  # width of the confidence bonus, in the rewards' own spread
+    match_spans: bool = False  # a block lasts at least as long as the other paces' last block_steps steps
 
 
 @dataclass
@@ -66,6 +71,7 @@ class _Arm:
     pace: Pace
     weight: float = 0.0  # discounted number of blocks played
     total: float = 0.0  # discounted sum of their rewards
+    span: float = 0.0  # virtual seconds its last block's first block_steps steps took
 
     def mean(self) -> float:
         return self.total / self.weight if self.weight > 0 else math.nan
@@ -82,25 +88,47 @@ class LearnedPacer:
         self.rewards: list[float] = []  # every block's reward, for the bonus's scale
         self._current = 0
         self._block_left = 0  # steps still to play in this block
+        self._playing = False  # a block is under way, not yet judged
+        self._block_start = 0.0
+        self._round_seconds = 0.0  # how long a round would take, at the last choice
         self._points: list[tuple[float, float]] = []  # (time, log loss): the step before the block, then its own
 
     @property
     def pace(self) -> Pace:
         return self.arms[self._current].pace
 
-    def choose(self, step: int, now: float) -> tuple[Pace, str | None]:
-        if self._block_left > 0:
+    def choose(self, step: int, now: float, round_seconds: float = 0.0) -> tuple[Pace, str | None]:
+        """As FixedPacer's; `round_seconds`, how long a round would take now (the scheduler's
+        deadline), stands for the span of block_steps rounds while rounds have not been played."""
+        self._round_seconds = round_seconds
+        if self._playing:
             return self.pace, None
         self._current, why = self._pick()
         self._block_left = self.config.block_steps
+        self._playing = True
+        self._block_start = now
+        span = self._min_span()
+        if span > 0:
+            why += f"; played for {self.config.block_steps} steps and at least {span:.3g} s"
         self._points = self._points[-1:]  # the block before ended where this one starts
         return self.pace, why
+
+    def _min_span(self) -> float:
+        """How long the block being played must last: the other paces' last block_steps steps."""
+        if not self.config.match_spans:
+            return 0.0
+        spans = [a.span if a.span > 0 or not a.pace.hold else self.config.block_steps * self._round_seconds
+                 for i, a in enumerate(self.arms) if i != self._current]
+        return max(spans, default=0.0)
 
     def observe(self, step: int, now: float, loss: float) -> None:
         """The global loss after `step` (a step of the block being played)."""
         self._block_left -= 1
         self._points.append((now, math.log(max(loss, FLOOR)) if math.isfinite(loss) else math.inf))
         if self._block_left == 0:
+            self.arms[self._current].span = now - self._block_start
+        if self._block_left <= 0 and now - self._block_start >= self._min_span():
+            self._playing = False
             self._reward(fall_rate(self._points))
 
     def _reward(self, reward: float) -> None:

@@ -183,3 +183,61 @@ def test_a_pace_that_blows_the_loss_up_is_scored_worst():
     pacer.observe(2, 2.0, math.nan)
     assert pacer.arms[1].mean() < pacer.arms[0].mean()
     assert pacer.choose(3, 2.0)[0].name == "calm"
+
+
+def play_timed(pacer: LearnedPacer, rate: dict[str, float], seconds: dict[str, float], until: float,
+               noise: float, seed: int = 0) -> list[str]:
+    """As `play`, but a step of each pace takes its own virtual seconds, until `until`, and each
+    step's loss carries the same noise whatever its length (short steps: a noisy slope)."""
+    rng = np.random.default_rng(seed)
+    now, trend, played = 0.0, 0.0, []
+    while now < until:
+        pace, _ = pacer.choose(len(played) + 1, now)
+        played.append(pace.name)
+        now += seconds[pace.name]
+        trend -= rate[pace.name] * seconds[pace.name]
+        pacer.observe(len(played), now, math.exp(trend + noise * rng.normal()))
+    return played
+
+
+def test_a_block_of_quick_steps_lasts_as_long_as_the_slow_paces_block():
+    pacer = LearnedPacer(list(PACES.values()), BanditConfig(block_steps=3, match_spans=True))
+    played = play_timed(pacer, {"stream": 0.01, "rounds": 0.01}, {"stream": 1.0, "rounds": 10.0}, until=63.0,
+                        noise=0.0)
+    # stream 3 x 1 s (nothing to match yet), rounds 3 x 10 s, then stream until it spans 30 s
+    assert played == ["stream"] * 3 + ["rounds"] * 3 + ["stream"] * 30
+    # a pace is matched to the other's first block_steps steps, not its whole block: no ratchet
+    assert {a.pace.name: a.span for a in pacer.arms} == {"stream": 3.0, "rounds": 30.0}
+    _, why = pacer.choose(37, 63.0)
+    assert why is not None and "at least 30 s" in why
+    unmatched = LearnedPacer(list(PACES.values()), BanditConfig(block_steps=3, match_spans=False))
+    play_timed(unmatched, {"stream": 0.01, "rounds": 0.01}, {"stream": 1.0, "rounds": 10.0}, until=33.0, noise=0.0)
+    _, why = unmatched.choose(7, 33.0)  # six steps played in two blocks: a new block
+    assert why is not None and "at least" not in why
+
+
+def test_matched_spans_give_a_faster_pace_of_quicker_noisier_steps_most_of_the_time():
+    # Streaming makes the loss fall three times as fast per second, in steps ten times as short,
+    # each step's loss as noisy as a round's. Judged over six quick steps, streaming has most of
+    # the blocks but little of the time, and an unlucky block shuts it out for long.
+    rate, seconds = {"stream": 0.03, "rounds": 0.01}, {"stream": 0.5, "rounds": 5.0}
+    share = {}
+    for match in (False, True):
+        streamed = []
+        for seed in range(6):
+            played = play_timed(LearnedPacer(list(PACES.values()), BanditConfig(match_spans=match)), rate, seconds,
+                                until=1000.0, noise=0.05, seed=seed)
+            streamed.append(played.count("stream") * seconds["stream"] / sum(seconds[p] for p in played))
+        share[match] = float(np.mean(streamed))
+    assert share[False] < 0.5 < 0.75 < share[True], share
+
+
+def test_before_rounds_are_played_the_first_block_lasts_as_long_as_six_rounds_would():
+    pacer = LearnedPacer(list(PACES.values()), BanditConfig(match_spans=True))  # stream first, then rounds
+    played, now = [], 0.0
+    while now < 30.0:  # steps of one second; a round would take 4 s
+        pace, _ = pacer.choose(len(played) + 1, now, round_seconds=4.0)
+        played.append(pace.name)
+        now += 1.0
+        pacer.observe(len(played), now, math.exp(-0.01 * now))
+    assert played == ["stream"] * 24 + ["rounds"] * 6

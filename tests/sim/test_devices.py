@@ -91,16 +91,18 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
     assert sum(t <= deadline for t in times) >= 0.9 * len(times)
 
 
-def test_the_no_reserve_and_early_step_contenders_reach_the_scheduler_and_the_pace():
+def test_the_no_reserve_early_step_and_matched_spans_contenders_reach_the_scheduler_and_the_pace():
     from edgesched.simulations.contenders import make_policy
 
     fleet = _fleet("lab-20")
     sizes = [3000] * len(fleet.devices)
     kept = {}
-    for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step"):
+    for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step", "edgesched-matched-spans"):
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
         scheduler = policy.scheduler
-        kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve, policy.early_step)
-    assert kept == {"edgesched": (20.0, 20.0, False), "edgesched-no-reserve": (0.0, 0.0, False),
-                    "edgesched-early-step": (20.0, 20.0, True)}
+        kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve, policy.early_step,
+                          policy.pacer.config.match_spans)
+    assert kept == {"edgesched": (20.0, 20.0, False, False), "edgesched-no-reserve": (0.0, 0.0, False, False),
+                    "edgesched-early-step": (20.0, 20.0, True, False),
+                    "edgesched-matched-spans": (20.0, 20.0, False, True)}

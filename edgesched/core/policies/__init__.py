@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from edgesched.config import RunConfig
-from edgesched.core.pace import PACES, FixedPacer, LearnedPacer
+from edgesched.config import RunConfig, SchedulerSettings
+from edgesched.core.pace import PACES, BanditConfig, FixedPacer, LearnedPacer
 from edgesched.core.plan import PlanConfig
 from edgesched.core.policies.edgesched import EdgeschedPolicy
 from edgesched.core.policies.fedavg import FedAvg
@@ -40,13 +40,15 @@ def fedbuff(cfg: RunConfig) -> FedBuff:
 
 def edgesched(cfg: RunConfig, predictor: Predictor, risk: DropoutModel | None = None) -> EdgeschedPolicy:
     scheduler = Scheduler(scheduler_config(cfg), predictor, risk)
-    return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share, pacer(cfg.scheduler.pace),
+    return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share, pacer(cfg.scheduler),
                            early_step=cfg.scheduler.early_step)
 
 
-def pacer(name: str) -> FixedPacer | LearnedPacer:
-    """The pacer a run's `pace` setting names: one pace throughout, or a pace learned in the run."""
-    return LearnedPacer(list(PACES.values())) if name == "learned" else FixedPacer(PACES[name])
+def pacer(s: SchedulerSettings) -> FixedPacer | LearnedPacer:
+    """The pacer the run's `pace` setting names: one pace throughout, or a pace learned in the run."""
+    if s.pace != "learned":
+        return FixedPacer(PACES[s.pace])
+    return LearnedPacer(list(PACES.values()), BanditConfig(match_spans=s.matched_spans))
 
 
 def scheduler_config(cfg: RunConfig) -> SchedulerConfig:

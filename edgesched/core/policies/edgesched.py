@@ -68,7 +68,7 @@ class EdgeschedPolicy:
         return self.scheduler.log
 
     def begin_step(self, step: int, now: float) -> None:
-        self.pace, why = self.pacer.choose(step, now)
+        self.pace, why = self.pacer.choose(step, now, self.scheduler.deadline)
         if why is not None:
             self.scheduler.log.append(Paced(now, step, self.pace.name, why))
         self.scheduler.start_round(step)
