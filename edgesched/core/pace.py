@@ -108,8 +108,12 @@ class LearnedPacer:
         self._playing = True
         self._block_start = now
         span = self._min_span()
-        if span > 0:
-            why += f"; played for {self.config.block_steps} steps and at least {span:.3g} s"
+        untried_rounds = any(a.pace.hold and a.span == 0 for i, a in enumerate(self.arms) if i != self._current)
+        n = self.config.block_steps
+        if span > 0 and untried_rounds:  # the deadline is learned as the block goes: say so
+            why += f"; played for {n} steps and {n} deadlines ({span:.3g} s now)"
+        elif span > 0:
+            why += f"; played for {n} steps and at least {span:.3g} s"
         self._points = self._points[-1:]  # the block before ended where this one starts
         return self.pace, why
 

@@ -234,10 +234,13 @@ def test_matched_spans_give_a_faster_pace_of_quicker_noisier_steps_most_of_the_t
 
 def test_before_rounds_are_played_the_first_block_lasts_as_long_as_six_rounds_would():
     pacer = LearnedPacer(list(PACES.values()), BanditConfig(match_spans=True))  # stream first, then rounds
-    played, now = [], 0.0
+    played, now, reasons = [], 0.0, []
     while now < 30.0:  # steps of one second; a round would take 4 s
-        pace, _ = pacer.choose(len(played) + 1, now, round_seconds=4.0)
+        pace, why = pacer.choose(len(played) + 1, now, round_seconds=4.0)
         played.append(pace.name)
+        reasons += [why] if why else []
         now += 1.0
         pacer.observe(len(played), now, math.exp(-0.01 * now))
     assert played == ["stream"] * 24 + ["rounds"] * 6
+    assert reasons[0].endswith("played for 6 steps and 6 deadlines (24 s now)")
+    assert reasons[1].endswith("played for 6 steps and at least 6 s")  # stream's first six steps
