@@ -12,14 +12,14 @@ A pacer chooses the pace for each block of server steps: `FixedPacer` always the
 paces (discounted UCB, Garivier and Moulines 2011): each block of `block_steps` steps is played
 at one pace and rewarded with how fast the global loss fell during it, in log loss per second
 (the least-squares slope over the block's steps). The loss swings from step to step, so a block
-is six steps: a slope over three was mostly noise, and the bandit only took turns.
-With `match_spans`, a block also lasts at least as long as the other pace's last six steps took
-(six rounds at the scheduler's deadline while rounds are untried). Six streamed steps can take a
-tenth of the time of six rounds: judged on a tenth of the span, streaming's slope carried far
-more noise, and the exploration spent most of the time on the slower pace (docs/scheduler.md).
-Old blocks count less and less (`discount` per block): a pace that led while the model was young
-must prove itself again later. Every choice is returned with its reason for decisions.jsonl. No randomness:
-ties go to the earlier pace in the list, so a seed repeats.
+is six steps: a slope over three was mostly noise, and the bandit only took turns. With
+`match_spans`, a block also lasts at least as long as the other pace's last six steps took (six
+rounds at the scheduler's deadline while rounds are untried). Six streamed steps can take a tenth
+of the time of six rounds: judged on a tenth of the span, streaming's slope carried far more
+noise, and the exploration spent most of the time on the slower pace (docs/scheduler.md). Old
+blocks count less and less (`discount` per block): a pace that led while the model was young must
+prove itself again later. Every choice is returned with its reason for decisions.jsonl. No
+randomness: ties go to the earlier pace in the list, so a seed repeats.
 """
 
 from __future__ import annotations
@@ -76,6 +76,10 @@ class _Arm:
     def mean(self) -> float:
         return self.total / self.weight if self.weight > 0 else math.nan
 
+    def unplayed_rounds(self) -> bool:
+        """Rounds with no block played yet: their span stands in as block_steps deadlines."""
+        return self.pace.hold and self.span == 0
+
 
 class LearnedPacer:
     """A discounted-UCB bandit over `paces`; see the module docstring."""
@@ -108,22 +112,24 @@ class LearnedPacer:
         self._playing = True
         self._block_start = now
         span = self._min_span()
-        untried_rounds = any(a.pace.hold and a.span == 0 for i, a in enumerate(self.arms) if i != self._current)
         n = self.config.block_steps
-        if span > 0 and untried_rounds:  # the deadline is learned as the block goes: say so
+        if span > 0 and any(a.unplayed_rounds() for a in self._others()):  # the deadline is learned meanwhile
             why += f"; played for {n} steps and {n} deadlines ({span:.3g} s now)"
         elif span > 0:
             why += f"; played for {n} steps and at least {span:.3g} s"
         self._points = self._points[-1:]  # the block before ended where this one starts
         return self.pace, why
 
+    def _others(self) -> list[_Arm]:
+        return [a for i, a in enumerate(self.arms) if i != self._current]
+
     def _min_span(self) -> float:
-        """How long the block being played must last: the other paces' last block_steps steps."""
+        """How long the block being played must last: the other paces' last block_steps steps
+        (block_steps deadlines for rounds not yet played)."""
         if not self.config.match_spans:
             return 0.0
-        spans = [a.span if a.span > 0 or not a.pace.hold else self.config.block_steps * self._round_seconds
-                 for i, a in enumerate(self.arms) if i != self._current]
-        return max(spans, default=0.0)
+        n = self.config.block_steps
+        return max((n * self._round_seconds if a.unplayed_rounds() else a.span for a in self._others()), default=0.0)
 
     def observe(self, step: int, now: float, loss: float) -> None:
         """The global loss after `step` (a step of the block being played)."""
