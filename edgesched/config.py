@@ -97,6 +97,7 @@ class SchedulerSettings:
     discount, the concurrency cap (`max-overselect`) and the server step (`server-lr`)."""
 
     max_epochs: int = 2  # default: twice local-epochs, so fast devices do more than FedAvg
+    absence_stretch: float = 1.0  # max-epochs grows up to this x for the absence a lost job costs (1: never)
     min_epochs: float = 0.5
     deadline_quantile: float = 0.9
     max_staleness: int = 3
@@ -121,6 +122,7 @@ class SchedulerSettings:
     def __post_init__(self) -> None:
         _require(self.max_epochs >= 1, "max-epochs", "must be >= 1", self.max_epochs)
         _require(0 < self.min_epochs <= self.max_epochs, "min-epochs", "must be in (0, max-epochs]", self.min_epochs)
+        _require(self.absence_stretch >= 1, "absence-stretch", "must be >= 1 (1: off)", self.absence_stretch)
         _require(0 < self.deadline_quantile <= 1, "deadline-quantile", "must be in (0, 1]", self.deadline_quantile)
         _require(self.max_staleness >= 0, "max-staleness", "must be >= 0", self.max_staleness)
         _require(self.staleness_exponent >= 0, "staleness-exponent", "must be >= 0", self.staleness_exponent)

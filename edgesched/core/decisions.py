@@ -39,6 +39,7 @@ class RoundPlanned(Decision):
     busy: int
     selected: int
     expected_updates: float
+    absence_s: float  # how long devices stayed away after a lost job (edgesched.core.risk.absence_s)
 
     KIND: ClassVar[str] = "round"
 

@@ -12,6 +12,13 @@ do more epochs, slow ones part of an epoch. A device too slow for even the least
 by the deadline may still train, for a later round: it is allowed that many rounds of
 staleness, and its update is weighted down for it when it lands.
 
+A lost job costs more than its work: the device is away for a while after it (its agent
+restarting, the phone gone), and a fleet that loses many short jobs is soon half away. With
+`absence_stretch` above 1 the epoch cap grows by the expected absence a job risks against the
+deadline, 1 + risk x absence / deadline (at most `absence_stretch` times), so that a job carries
+as much training per second of its device's time, absences included, as on a fleet that loses
+none. Only the cap moves: a job still fits its deadline's window.
+
 Selection is a multi-dimensional knapsack (the SMD paper's framing), solved greedily by
 value per normalised weight: the value is an Oort-style utility (data x loss, less the
 dropout risk, less staleness), the weights are a participant slot and the gateway's traffic.
@@ -45,10 +52,13 @@ class PlanConfig:
     staleness_exponent: float = 0.5  # an update s rounds late counts (1 + s) ** -exponent
     fairness_rounds: float = 5.0  # a device idle this many rounds has its value doubled
     gateway_bytes_per_s: float = math.inf  # the gateway's link: a round moves at most this x its deadline
+    absence_stretch: float = 1.0  # the most the epoch cap grows for the absence a lost job costs (1: never)
 
     def __post_init__(self) -> None:
-        if self.target_updates < 1 or self.max_overselect < 1 or not 0 < self.min_epochs <= self.max_epochs:
-            raise ValueError("need target_updates >= 1, max_overselect >= 1, 0 < min_epochs <= max_epochs")
+        if self.target_updates < 1 or self.max_overselect < 1 or not 0 < self.min_epochs <= self.max_epochs \
+                or self.absence_stretch < 1:
+            raise ValueError("need target_updates >= 1, max_overselect >= 1, 0 < min_epochs <= max_epochs, "
+                             "absence_stretch >= 1")
 
 
 @dataclass(frozen=True)
@@ -115,10 +125,11 @@ def choose_deadline(cands: Candidates, cfg: PlanConfig, stretch: float = 1.0) ->
 
 
 def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_staleness: int | None = None,
-               steps_per_window: float | None = None) -> Plan:
+               steps_per_window: float | None = None, absence_s: float = 0.0) -> Plan:
     """The plan for `cands` with this `deadline`. `steps_per_window`: jobs are sent as devices
     come free, not in rounds, and the server takes about this many steps per deadline's length;
-    a job's staleness bound is then counted in those steps (see `_assign`)."""
+    a job's staleness bound is then counted in those steps (see `_assign`). `absence_s`: how long
+    a device stays away after a lost job (edgesched.core.risk), for the epoch cap's stretch."""
     bound_cap = cfg.max_staleness if max_staleness is None else max_staleness
     n = cands.samples.astype(np.float64)
     sps = cands.seconds_per_sample
@@ -126,7 +137,8 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     # Rounds late the least useful work would land (0: it fits this round's deadline).
     late = np.maximum(np.ceil((cands.transfer_s + least * sps) / deadline) - 1, 0)
     window = (late + 1) * deadline
-    work = np.minimum((window - cands.transfer_s) / sps, cfg.max_epochs * n)
+    stretch = np.minimum(cfg.absence_stretch, 1 + cands.risk * absence_s / deadline)
+    work = np.minimum((window - cands.transfer_s) / sps, cfg.max_epochs * stretch * n)
     # A device expected to leave gets no longer a job than it is expected to stay: with departures
     # at rate h, work that ends by T is delivered with probability exp(-hT), and the work expected
     # back, (T - transfer) exp(-hT), is largest at T = transfer + 1/h.

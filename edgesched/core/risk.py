@@ -9,6 +9,9 @@ Three causes, combined as independent:
   the planner also keeps each job within the time the device is expected to stay (`hazard`);
 - its state now: a battery below its reserve and not charging, a throttled board, a link
   whose round trip is long.
+
+It also measures what a lost job costs beyond its work: how long a device stays away after
+losing one (`absence_s`; an agent that crashed restarts, a phone that left comes back later).
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class DropoutModel:
         self._online_s = 0.0  # the fleet's, summed
         self._departures = 0
         self._jobs = self._lost = 0.0  # the fleet's, summed
+        self._away_since: dict[str, float] = {}  # devices away after a lost job -> when it was lost
+        self._since_sum = 0.0  # of _away_since's values
+        self._returned_s = 0.0  # time away of those that came back, summed
+        self._returns = 0
 
     def _get(self, device: str) -> _Record:
         """The device's record, to update (made on first use)."""
@@ -70,7 +77,14 @@ class DropoutModel:
         """Feed the registry's view at `now`: time online between jobs and departures accumulate.
 
         A device busy with a job is not watched: if it leaves, that is its job's loss, counted
-        by `note_job`; so each departure counts once, and churn is the leaving between jobs."""
+        by `note_job`; so each departure counts once, and churn is the leaving between jobs.
+        A device seen online after a lost job is back: its time away is measured."""
+        if online and self._away_since:
+            lost_at = self._away_since.pop(device, None)
+            if lost_at is not None:
+                self._since_sum -= lost_at
+                self._returned_s += max(0.0, now - lost_at)
+                self._returns += 1
         r = self._get(device)
         if r.was_online and r.seen_at is not None:
             seconds = max(0.0, now - r.seen_at)
@@ -81,7 +95,11 @@ class DropoutModel:
                 self._departures += 1
         r.was_online, r.seen_at = online, None if busy else now
 
-    def note_job(self, device: str, lost: bool) -> None:
+    def note_job(self, device: str, lost: bool, now: float | None = None) -> None:
+        """A job ended, delivered or `lost` (at `now`: from then on the device is away until seen online)."""
+        if lost and now is not None and device not in self._away_since:
+            self._away_since[device] = now
+            self._since_sum += now
         r = self._get(device)
         r.jobs += 1
         r.lost += float(lost)
@@ -91,6 +109,15 @@ class DropoutModel:
     def fleet_rate(self) -> float:
         """Pooled per-job loss rate, with a weak prior of 10 % before any job ended."""
         return (self._lost + 0.5) / (self._jobs + 5.0)
+
+    def absence_s(self, now: float) -> float:
+        """The mean time a device stayed away after a lost job: measured for those that came back,
+        so far for those still away (a lower bound, which grows while they stay away); 0 before
+        any job was lost."""
+        away = len(self._away_since)
+        if away + self._returns == 0:
+            return 0.0
+        return max(0.0, self._returned_s + away * now - self._since_sum) / (away + self._returns)
 
     def hazard(self, device: str) -> float:
         """The device's departures per online second between jobs, shrunk toward the fleet's."""

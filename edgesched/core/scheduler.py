@@ -179,13 +179,15 @@ class Scheduler:
             everyone, readings, hazards = everyone.take(free), readings.take(free), hazards[free]
         cands = everyone
         cands.risk[:] = self.risk.risks(cands.devices, cands.epochs_s(), readings, hazards)
-        plan = plan_round(cands, self.deadline, cfg, steps_per_window=None if slots is None else steps_per_window)
+        absence = self.risk.absence_s(now)
+        plan = plan_round(cands, self.deadline, cfg, steps_per_window=None if slots is None else steps_per_window,
+                          absence_s=absence)
         self._planned.update((a.device, predictions.at(free[i])) for a, i in zip(plan.assignments, plan.chosen,
                                                                                    strict=True))
         if slots is None:
             self._due = sum(1 for a in plan.assignments if a.staleness == 0)
         self.log.append(RoundPlanned(now, rnd, self.deadline, self.stretch, len(free), len(busy),
-                                     len(plan.assignments), float(plan.expected_updates)))
+                                     len(plan.assignments), float(plan.expected_updates), absence))
         for a in plan.assignments:
             self.log.append(Selected(now, rnd, a.device, a.samples, a.steps, a.epochs, a.predicted_s,
                                      self._planned[a.device].job_seconds(a.samples), a.staleness, a.staleness_bound,
@@ -323,7 +325,7 @@ class Scheduler:
     def lost(self, job: Job, now: float, why: str) -> None:
         """A job that will never deliver: its device left, the transport failed, or it timed out."""
         plan: JobPlan = job.plan
-        self.risk.note_job(job.device, lost=True)
+        self.risk.note_job(job.device, lost=True, now=now)
         if plan.window is None and plan.round == self.round and plan.assignment.staleness == 0:
             self._due -= 1
         self.log.append(Lost(now, plan.round, job.device, why, self.round))

@@ -10,7 +10,7 @@ import pytest
 
 from edgesched.core.aggregate import Update, fednova, momentum_steps
 from edgesched.core.agreement import Agreement, spread
-from edgesched.core.decisions import Arrived, Thinned
+from edgesched.core.decisions import Arrived, RoundPlanned, Thinned
 from edgesched.core.engine import Job
 from edgesched.core.feedback import ConvergenceMonitor, Knobs
 from edgesched.core.fleet import DeviceView, device_view
@@ -83,6 +83,53 @@ def test_a_device_expected_to_leave_soon_gets_a_job_no_longer_than_its_stay_but_
     assert work["d0"] == pytest.approx(2400, rel=0.05)
     assert work["d1"] == pytest.approx(1200, rel=0.05)  # T = transfer + 1/h
     assert 150 <= work["d2"] <= 150 + 32 and not plan.skipped  # the least job (whole batches), not nothing
+
+
+def test_a_job_that_risks_a_long_absence_carries_more_epochs_up_to_the_stretch():
+    # Two fast devices (1 epoch: 0.06 + 0.6 s) under a 6 s deadline: the cap of 2 epochs binds.
+    # d1 loses a job with probability 0.3, and a device that lost one stayed away 20 s: a job
+    # risks 6 s of absence, one deadline's worth, so its cap doubles; at most 1.5x with that stretch.
+    cands = candidates(sps=[0.001] * 2, transfer=[0.06] * 2, risk=np.array([0.0, 0.3]))
+    def epochs(stretch: float, absence: float) -> dict[str, float]:
+        cfg = PlanConfig(target_updates=2, max_epochs=2, absence_stretch=stretch)
+        return {a.device: a.samples / 600 for a in plan_round(cands, 6.0, cfg, absence_s=absence).assignments}
+    assert epochs(1.0, 20.0) == epochs(3.0, 0.0) == {"d0": 2.0, "d1": 2.0}  # off, or nothing measured
+    assert epochs(3.0, 20.0) == {"d0": 2.0, "d1": pytest.approx(4.0, abs=0.06)}  # whole SGD steps
+    assert epochs(1.5, 20.0)["d1"] == pytest.approx(3.0, abs=0.06)
+    slow = candidates(sps=[0.006], transfer=[0.4], risk=np.array([0.3]))  # the deadline binds, not the cap
+    cfg = PlanConfig(target_updates=1, max_epochs=2, absence_stretch=3.0)
+    assert plan_round(slow, 6.0, cfg, absence_s=20.0).assignments == plan_round(slow, 6.0, cfg).assignments
+
+
+def test_the_absence_after_a_lost_job_is_measured_and_still_away_counts_so_far():
+    from edgesched.core.risk import DropoutModel
+    risk = DropoutModel()
+    assert risk.absence_s(100.0) == 0.0  # nothing lost yet
+    risk.note_job("a", lost=True, now=10.0)
+    risk.note_job("b", lost=True, now=20.0)
+    risk.note_presence("a", False, 15.0, busy=False)
+    assert risk.absence_s(30.0) == pytest.approx((20.0 + 10.0) / 2)  # both still away, so far
+    risk.note_presence("a", True, 70.0)  # back after 60 s
+    risk.note_presence("b", True, 25.0)  # b never left: it was there at the next look
+    assert risk.absence_s(500.0) == pytest.approx((60.0 + 5.0) / 2)
+    risk.note_job("c", lost=False)  # a delivered job is no absence
+    assert risk.absence_s(900.0) == pytest.approx(32.5)
+
+
+def test_the_scheduler_stretches_a_risky_jobs_epochs_by_the_absence_it_measured():
+    # a holds 60 samples, b 600: the deadline fits b's epoch, and a's cap of two epochs binds.
+    s = scheduler(k=2, max_epochs=2, absence_stretch=2.0)
+    views = [DeviceView("a", 60, None, "pi"), DeviceView("b", 600, None, "pi")]
+    a = next(x for x in s.plan(1, 0.0, views) if x.device == "a")
+    assert a.epochs == 2
+    for i in range(10):  # a loses most of its jobs, and is away a minute after each
+        s.lost(sent(s, a, f"j{i}", 100.0 * i), 100.0 * i, "dropout")
+        s.observe(views[1:], 100.0 * i + 1.0)
+        s.observe(views, 100.0 * i + 61.0)
+    assert s.risk.absence_s(1000.0) == pytest.approx(61.0)
+    again = next(x for x in s.plan(2, 1000.0, views) if x.device == "a")
+    assert again.epochs == 4
+    assert [d.absence_s for d in s.log if isinstance(d, RoundPlanned)] == [0.0, pytest.approx(61.0)]
 
 
 def test_two_early_departures_do_not_read_as_a_fleet_that_stays_half_a_minute():
