@@ -21,7 +21,8 @@
     `edgesched-early-step` adds one: a streamed step does not hold idle devices for an update
     that is far off (`early-step`, edgesched.core.policies.edgesched); so does
     `edgesched-matched-spans`: the learned pace judges each pace over as long a span as the
-    other's (`matched-spans`, edgesched.core.pace).
+    other's (`matched-spans`, edgesched.core.pace); and `edgesched-absence`: a job that risks
+    its device's absence carries up to twice the epochs (`absence-stretch`, edgesched.core.plan).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -62,6 +63,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACE_CHOICES},
     "edgesched-early-step": lambda cfg: {"early-step": True},
     "edgesched-matched-spans": lambda cfg: {"matched-spans": True},
+    "edgesched-absence": lambda cfg: {"absence-stretch": 2.0},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }
