@@ -52,7 +52,6 @@ class DropoutModel:
         self._departures = 0
         self._jobs = self._lost = 0.0  # the fleet's, summed
         self._away_since: dict[str, float] = {}  # devices away after a lost job -> when it was lost
-        self._since_sum = 0.0  # of _away_since's values
         self._returned_s = 0.0  # time away of those that came back, summed
         self._returns = 0
 
@@ -82,7 +81,6 @@ class DropoutModel:
         if online and self._away_since:
             lost_at = self._away_since.pop(device, None)
             if lost_at is not None:
-                self._since_sum -= lost_at
                 self._returned_s += max(0.0, now - lost_at)
                 self._returns += 1
         r = self._get(device)
@@ -97,9 +95,8 @@ class DropoutModel:
 
     def note_job(self, device: str, lost: bool, now: float | None = None) -> None:
         """A job ended, delivered or `lost` (at `now`: from then on the device is away until seen online)."""
-        if lost and now is not None and device not in self._away_since:
-            self._away_since[device] = now
-            self._since_sum += now
+        if lost and now is not None:
+            self._away_since.setdefault(device, now)
         r = self._get(device)
         r.jobs += 1
         r.lost += float(lost)
@@ -114,10 +111,10 @@ class DropoutModel:
         """The mean time a device stayed away after a lost job: measured for those that came back,
         so far for those still away (a lower bound, which grows while they stay away); 0 before
         any job was lost."""
-        away = len(self._away_since)
-        if away + self._returns == 0:
+        if not self._away_since and not self._returns:
             return 0.0
-        return max(0.0, self._returned_s + away * now - self._since_sum) / (away + self._returns)
+        so_far = sum(max(0.0, now - lost_at) for lost_at in self._away_since.values())
+        return (self._returned_s + so_far) / (len(self._away_since) + self._returns)
 
     def hazard(self, device: str) -> float:
         """The device's departures per online second between jobs, shrunk toward the fleet's."""
