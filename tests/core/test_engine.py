@@ -10,7 +10,7 @@ import pytest
 from edgesched.config import RunConfig
 from edgesched.core import policies
 from edgesched.core.decisions import Lost
-from edgesched.core.engine import Engine, EngineState
+from edgesched.core.engine import Engine, EngineState, Job
 from edgesched.core.events import DeadlinePassed, Idle, RoundEnded
 from edgesched.core.predict import Predictor
 
@@ -54,11 +54,25 @@ def test_a_big_enough_fleet_starts_at_once():
     assert first_plan_at(devices=30, clients_per_round=10) == 0.0
 
 
-def test_a_round_short_of_devices_starts_with_half_of_them_after_one_deadline():
+def test_a_round_short_of_devices_starts_with_those_online_after_one_deadline():
     # 30 phones, few online: waiting for all 10 would idle the free ones until others return.
-    # Looked at every round-timeout / 100 = 6 s: it starts at the first look after one deadline.
+    # Looked at every round-timeout / 100 = 6 s: it starts at the first look after one deadline,
+    # with half of them or, when every device online is free, with as few as are online (only a
+    # device coming back could add to the round, minutes away on a phone fleet).
     assert 100.0 <= first_plan_at(devices=30, clients_per_round=10, online=6) < 106.0
-    assert first_plan_at(devices=30, clients_per_round=10, online=4) == 600.0  # under half: the round timeout
+    assert 100.0 <= first_plan_at(devices=30, clients_per_round=10, online=2) < 106.0
+
+
+def test_a_round_short_of_devices_waits_while_a_job_online_may_still_end():
+    # Two of three devices online are free after one deadline, the third still has a job out (from
+    # a round before): its device may be free soon, so the round waits for half of its devices.
+    policy = edgesched(10)
+    policy.scheduler.deadline = 100.0
+    policy.begin_step(1, now=0.0)
+    transport = ScriptedTransport(StepClock(), {})
+    out = {"j0": Job("j0", "d2", step=0, session=1, sent_at=-50.0)}
+    assert policy.dispatch(110.0, Fleet(30, online=3), transport, out) is None
+    assert policy.dispatch(110.0, Fleet(30, online=3), transport, {}) is not None
 
 
 class DyingFleet(Fleet):

@@ -8,11 +8,13 @@ that may learn it in the run:
 - **Rounds** (devices held). A round starts once enough devices are free to expect
   `clients-per-round` updates back at the fleet's loss rate so far (as Flower waits for its
   minimum of nodes, grown by the predicted losses); after a deadline of waiting, once enough are
-  free to expect `min_round_share` of those updates; after the round timeout, with whoever is
-  free. A fleet smaller than those counts starts once all of it is free. The step is taken at
-  the round's deadline, or as soon as every job due in the round has ended. Starting with part
-  of a round matters on a fleet whose online devices barely cover one: waiting for all of
-  `clients-per-round` there leaves the free devices idle until a dropped one rejoins (minutes).
+  free to expect `min_round_share` of those updates, or once every device online is free
+  (nobody's job is left to end, so only devices coming back online could add to the round);
+  after the round timeout, with whoever is free. A fleet smaller than those counts starts once
+  all of it is free. The step is taken at the round's deadline, or as soon as every job due in
+  the round has ended. Starting with part of a round matters on a fleet whose online devices
+  barely cover one: waiting for more there leaves the free devices idle until a dropped one
+  rejoins (minutes).
 - **Streaming** (devices not held). Every free device is planned the moment it is free, up to
   `clients-per-round x max-overselect` jobs in flight, each sized to the deadline taken over the
   whole online fleet, so jobs sent at different moments still finish about as long after they
@@ -108,6 +110,8 @@ class EdgeschedPolicy:
         wanted = self.scheduler.candidates_wanted()
         if now >= self._settle:
             wanted = math.ceil(self.min_round_share * wanted)
+            if 0 < free == len(views):  # nobody online is busy: only devices coming back could add to it
+                wanted = min(wanted, free)
         wanted = min(wanted, size)  # never more than the fleet has: that wait could not end
         if free >= wanted or (free and now >= self._give_up):
             assignments = self.scheduler.plan(self._step, now, views, busy)
