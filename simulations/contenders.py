@@ -22,7 +22,9 @@
     that is far off (`early-step`, edgesched.core.policies.edgesched); so does
     `edgesched-matched-spans`: the learned pace judges each pace over as long a span as the
     other's (`matched-spans`, edgesched.core.pace); and `edgesched-absence`: a job that risks
-    its device's absence carries up to twice the epochs (`absence-stretch`, edgesched.core.plan).
+    its device's absence carries up to twice the epochs (`absence-stretch`, edgesched.core.plan);
+    and `edgesched-eager-rounds`: a round does not wait for devices to come back online once
+    every device online is free (`eager-rounds`, edgesched.core.policies.edgesched).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -64,6 +66,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-early-step": lambda cfg: {"early-step": True},
     "edgesched-matched-spans": lambda cfg: {"matched-spans": True},
     "edgesched-absence": lambda cfg: {"absence-stretch": 2.0},
+    "edgesched-eager-rounds": lambda cfg: {"eager-rounds": True},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

@@ -33,9 +33,9 @@ def edgesched(k: int, **over) -> policies.EdgeschedPolicy:
     return policies.edgesched(cfg, Predictor(4 * 10_000))
 
 
-def first_plan_at(devices: int, clients_per_round: int, online: int | None = None) -> float:
+def first_plan_at(devices: int, clients_per_round: int, online: int | None = None, **over) -> float:
     """When the adaptive scheduler starts its first round on a fleet with `online` devices up."""
-    policy = edgesched(clients_per_round)
+    policy = edgesched(clients_per_round, **over)
     policy.scheduler.deadline = 100.0  # a slow fleet's deadline: the loop would settle only after it
     clock = StepClock()
     with pytest.raises(Stop):
@@ -54,19 +54,23 @@ def test_a_big_enough_fleet_starts_at_once():
     assert first_plan_at(devices=30, clients_per_round=10) == 0.0
 
 
-def test_a_round_short_of_devices_starts_with_those_online_after_one_deadline():
+def test_a_round_short_of_devices_starts_with_half_of_them_after_one_deadline():
     # 30 phones, few online: waiting for all 10 would idle the free ones until others return.
-    # Looked at every round-timeout / 100 = 6 s: it starts at the first look after one deadline,
-    # with half of them or, when every device online is free, with as few as are online (only a
-    # device coming back could add to the round, minutes away on a phone fleet).
+    # Looked at every round-timeout / 100 = 6 s: it starts at the first look after one deadline.
     assert 100.0 <= first_plan_at(devices=30, clients_per_round=10, online=6) < 106.0
-    assert 100.0 <= first_plan_at(devices=30, clients_per_round=10, online=2) < 106.0
+    assert first_plan_at(devices=30, clients_per_round=10, online=4) == 600.0  # under half: the round timeout
 
 
-def test_a_round_short_of_devices_waits_while_a_job_online_may_still_end():
+def test_an_eager_round_starts_with_those_online_once_all_of_them_are_free():
+    # eager-rounds: after one deadline, every device online free, the round starts with as few as are
+    # online (only a device coming back could add to it, minutes away on a phone fleet).
+    assert 100.0 <= first_plan_at(devices=30, clients_per_round=10, online=2, **{"eager-rounds": True}) < 106.0
+
+
+def test_an_eager_round_short_of_devices_waits_while_a_job_online_may_still_end():
     # Two of three devices online are free after one deadline, the third still has a job out (from
     # a round before): its device may be free soon, so the round waits for half of its devices.
-    policy = edgesched(10)
+    policy = edgesched(10, **{"eager-rounds": True})
     policy.scheduler.deadline = 100.0
     policy.begin_step(1, now=0.0)
     transport = ScriptedTransport(StepClock(), {})

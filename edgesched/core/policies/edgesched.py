@@ -8,9 +8,9 @@ that may learn it in the run:
 - **Rounds** (devices held). A round starts once enough devices are free to expect
   `clients-per-round` updates back at the fleet's loss rate so far (as Flower waits for its
   minimum of nodes, grown by the predicted losses); after a deadline of waiting, once enough are
-  free to expect `min_round_share` of those updates, or once every device online is free
-  (nobody's job is left to end, so only devices coming back online could add to the round);
-  after the round timeout, with whoever is free. A fleet smaller than those counts starts once
+  free to expect `min_round_share` of those updates (with `eager_rounds`, also once every device
+  online is free: nobody's job is left to end, so only devices coming back online could add to
+  the round); after the round timeout, with whoever is free. A fleet smaller than those counts starts once
   all of it is free. The step is taken at the round's deadline, or as soon as every job due in
   the round has ended. Starting with part of a round matters on a fleet whose online devices
   barely cover one: waiting for more there leaves the free devices idle until a dropped one
@@ -52,9 +52,10 @@ Pacer = FixedPacer | LearnedPacer
 
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float,
-                 pacer: Pacer, early_step: bool = False) -> None:
+                 pacer: Pacer, early_step: bool = False, eager_rounds: bool = False) -> None:
         self.scheduler = scheduler
         self.early_step = early_step
+        self.eager_rounds = eager_rounds
         self.round_timeout = round_timeout
         self.min_round_share = min_round_share
         self.pacer = pacer
@@ -110,7 +111,7 @@ class EdgeschedPolicy:
         wanted = self.scheduler.candidates_wanted()
         if now >= self._settle:
             wanted = math.ceil(self.min_round_share * wanted)
-            if 0 < free == len(views):  # nobody online is busy: only devices coming back could add to it
+            if self.eager_rounds and 0 < free == len(views):  # only devices coming back could add to it
                 wanted = min(wanted, free)
         wanted = min(wanted, size)  # never more than the fleet has: that wait could not end
         if free >= wanted or (free and now >= self._give_up):
