@@ -272,11 +272,12 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
         group = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
         seed = min(r["seed"] for r in group)
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        for strategy in CONTENDERS:
-            for run in group:
-                if run["strategy"] == strategy and run["seed"] == seed:
-                    ax.plot([vs for vs, _ in run["curve"]], [100 * acc for _, acc in run["curve"]], marker=".",
-                            label=strategy, linestyle="--" if "-no-" in strategy else "-")
+        shown = [s for s in CONTENDERS if any(r["strategy"] == s and r["seed"] == seed for r in group)]
+        for strategy, color in zip(shown, _distinct_colors(len(shown)), strict=True):
+            run = next(r for r in group if r["strategy"] == strategy and r["seed"] == seed)
+            ax.plot([vs for vs, _ in run["curve"]], [100 * acc for _, acc in run["curve"]], marker=".",
+                    label=strategy, color=color, linestyle="--" if "-no-" in strategy else "-",
+                    linewidth=2.2 if strategy == "edgesched" else 1.2)
         for target in targets(group[0]["target_accuracy"]):
             ax.axhline(100 * target, color="grey", linewidth=0.8)
         ax.set(xscale="log", xlabel="virtual seconds (log)", ylabel="test accuracy (%)",
@@ -288,6 +289,16 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
         plt.close(fig)
         paths.append(out)
     return paths
+
+
+def _distinct_colors(n: int) -> list[tuple[float, ...]]:
+    """`n` colours no two alike while n <= 20: tab20's strong shades first, then its light ones
+    (matplotlib's default cycle repeats after ten, and a figure may hold a dozen contenders)."""
+    import matplotlib
+
+    tab20 = matplotlib.colormaps["tab20"]
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    return [tab20(order[i % 20]) for i in range(n)]
 
 
 def _fleet_name(fleet: str) -> str:

@@ -10,11 +10,11 @@ that may learn it in the run:
   minimum of nodes, grown by the predicted losses); after a deadline of waiting, once enough are
   free to expect `min_round_share` of those updates (with `eager_rounds`, also once every device
   online is free: nobody's job is left to end, so only devices coming back online could add to
-  the round); after the round timeout, with whoever is free. A fleet smaller than those counts starts once
-  all of it is free. The step is taken at the round's deadline, or as soon as every job due in
-  the round has ended. Starting with part of a round matters on a fleet whose online devices
-  barely cover one: waiting for more there leaves the free devices idle until a dropped one
-  rejoins (minutes).
+  the round); after the round timeout, with whoever is free. A fleet smaller than those counts
+  starts once all of it is free. The step is taken at the round's deadline, or as soon as every
+  job due in the round has ended. Starting with part of a round matters on a fleet whose online
+  devices barely cover one: waiting for more there leaves the free devices idle until a dropped
+  one rejoins (minutes).
 - **Streaming** (devices not held). Every free device is planned the moment it is free, up to
   `clients-per-round x max-overselect` jobs in flight, each sized to the deadline taken over the
   whole online fleet, so jobs sent at different moments still finish about as long after they
