@@ -272,9 +272,10 @@ def plot(rows: list[dict[str, Any]], docs: Path) -> list[Path]:
         group = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
         seed = min(r["seed"] for r in group)
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        shown = [s for s in CONTENDERS if any(r["strategy"] == s and r["seed"] == seed for r in group)]
+        first = {r["strategy"]: r for r in group if r["seed"] == seed}
+        shown = [s for s in CONTENDERS if s in first]
         for strategy, color in zip(shown, _distinct_colors(len(shown)), strict=True):
-            run = next(r for r in group if r["strategy"] == strategy and r["seed"] == seed)
+            run = first[strategy]
             ax.plot([vs for vs, _ in run["curve"]], [100 * acc for _, acc in run["curve"]], marker=".",
                     label=strategy, color=color, linestyle="--" if "-no-" in strategy else "-",
                     linewidth=2.2 if strategy == "edgesched" else 1.2)
