@@ -48,7 +48,7 @@ BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive schedule
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
              "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-absence",
-             "edgesched-eager-rounds")
+             "edgesched-eager-rounds", "edgesched-step-fill")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -107,6 +107,7 @@ class SchedulerSettings:
     max_overselect: float = 2.0
     min_round_share: float = 0.5  # after a deadline's wait, a round starts expecting this x clients-per-round
     early_step: bool = False  # streaming: step on min-round-share once the held devices could each do a job first
+    step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
     eager_rounds: bool = False  # rounds: after a deadline's wait, start once every device online is free
     server_lr: float = 1.0
     thin_steps: bool = True  # a step on fewer than clients-per-round updates is scaled by how much updates agree

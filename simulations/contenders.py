@@ -24,7 +24,9 @@
     other's (`matched-spans`, edgesched.core.pace); and `edgesched-absence`: a job that risks
     its device's absence carries up to twice the epochs (`absence-stretch`, edgesched.core.plan);
     and `edgesched-eager-rounds`: a round does not wait for devices to come back online once
-    every device online is free (`eager-rounds`, edgesched.core.policies.edgesched).
+    every device online is free (`eager-rounds`, edgesched.core.policies.edgesched); and
+    `edgesched-step-fill`: a streamed job of a fast device trains on until the step it waits for
+    is predicted instead of idling in the hold (`step-fill`, edgesched.core.scheduler).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -67,6 +69,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-matched-spans": lambda cfg: {"matched-spans": True},
     "edgesched-absence": lambda cfg: {"absence-stretch": 2.0},
     "edgesched-eager-rounds": lambda cfg: {"eager-rounds": True},
+    "edgesched-step-fill": lambda cfg: {"step-fill": True},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

@@ -125,11 +125,13 @@ def choose_deadline(cands: Candidates, cfg: PlanConfig, stretch: float = 1.0) ->
 
 
 def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_staleness: int | None = None,
-               steps_per_window: float | None = None, absence_s: float = 0.0) -> Plan:
+               steps_per_window: float | None = None, absence_s: float = 0.0, fill_s: float | None = None) -> Plan:
     """The plan for `cands` with this `deadline`. `steps_per_window`: jobs are sent as devices
     come free, not in rounds, and the server takes about this many steps per deadline's length;
     a job's staleness bound is then counted in those steps (see `_assign`). `absence_s`: how long
-    a device stays away after a lost job (edgesched.core.risk), for the epoch cap's stretch."""
+    a device stays away after a lost job (edgesched.core.risk), for the epoch cap's stretch.
+    `fill_s`: seconds until the step these jobs wait for is predicted; a job gets
+    `deadline-epochs`, and more (up to the cap) only as far as it still ends by then."""
     bound_cap = cfg.max_staleness if max_staleness is None else max_staleness
     n = cands.samples.astype(np.float64)
     sps = cands.seconds_per_sample
@@ -139,6 +141,8 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     window = (late + 1) * deadline
     stretch = np.minimum(cfg.absence_stretch, 1 + cands.risk * absence_s / deadline)
     work = np.minimum((window - cands.transfer_s) / sps, cfg.max_epochs * stretch * n)
+    if fill_s is not None:
+        work = np.minimum(work, np.maximum(cfg.deadline_epochs * n, (fill_s - cands.transfer_s) / sps))
     # A device expected to leave gets no longer a job than it is expected to stay: with departures
     # at rate h, work that ends by T is delivered with probability exp(-hT), and the work expected
     # back, (T - transfer) exp(-hT), is largest at T = transfer + 1/h.

@@ -70,6 +70,7 @@ class SchedulerConfig:
     # gradients up by ~4x and made rounds unstable on label-skewed data (docs/scheduler.md).
     momentum: float = 0.0
     battery_reserve: float = 20.0  # percent an unplugged device keeps for its owner
+    step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
     job_memory_mb: float = 256.0
     on_time_goal: float = 0.8  # share of jobs that should make their deadline
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
@@ -170,7 +171,10 @@ class Scheduler:
             # Equal finish gives fast devices more epochs so that they do not idle at a round's
             # barrier. Streaming has no barrier: a fast device's spare time goes to its next job,
             # on a newer model, not to epochs past FedAvg's; the deadline only trims slow devices.
-            most = min(most, math.ceil(self.config.plan.deadline_epochs))
+            # But a device whose update is in is held until the step, a barrier of its own; with
+            # `step_fill` its job fills the time until then instead (`_step_fill_s`).
+            if not self.config.step_fill:
+                most = min(most, math.ceil(self.config.plan.deadline_epochs))
             streaming = {"target_updates": max(1, slots), "max_overselect": 1.0}
         cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(most, least),
                             "max_staleness": knobs.max_staleness, **streaming})
@@ -180,8 +184,9 @@ class Scheduler:
         cands = everyone
         cands.risk[:] = self.risk.risks(cands.devices, cands.epochs_s(), readings, hazards)
         absence = self.risk.absence_s(now)
+        fill_s = self._step_fill_s(cands) if slots is not None and self.config.step_fill else None
         plan = plan_round(cands, self.deadline, cfg, steps_per_window=None if slots is None else steps_per_window,
-                          absence_s=absence)
+                          absence_s=absence, fill_s=fill_s)
         self._planned.update((a.device, predictions.at(free[i])) for a, i in zip(plan.assignments, plan.chosen,
                                                                                    strict=True))
         if slots is None:
@@ -196,6 +201,15 @@ class Scheduler:
         for device, why in skipped.items():
             self.log.append(Skipped(now, rnd, device, why))
         return plan.assignments
+
+    def _step_fill_s(self, cands: Candidates) -> float | None:
+        """When a streamed step on `cands`' jobs is predicted: once `clients-per-round` of them are
+        in, taking each as `deadline-epochs` of work. A faster device trains on until then rather
+        than wait in the hold for the slower ones; a job that ends after it is not made longer."""
+        if not len(cands.devices):
+            return None
+        times = np.sort(cands.epochs_s(self.config.plan.deadline_epochs))
+        return float(times[min(len(times), self.config.plan.target_updates) - 1])
 
     def _candidates(self, views: Sequence[DeviceView], readings: Readings
                     ) -> tuple[Candidates, Predictions, np.ndarray]:

@@ -101,6 +101,32 @@ def test_a_job_that_risks_a_long_absence_carries_more_epochs_up_to_the_stretch()
     assert plan_round(slow, 6.0, cfg, absence_s=20.0).assignments == plan_round(slow, 6.0, cfg).assignments
 
 
+def test_a_streamed_job_fills_the_time_until_its_step_but_never_drops_below_fedavgs_epochs():
+    # Two fast devices and a slow one, 600 samples each, a 20 s deadline: every cap would bind.
+    cands = candidates(sps=[0.001, 0.001, 0.004], transfer=[0.1] * 3)
+    cfg = PlanConfig(target_updates=3, max_epochs=4)
+    def epochs(fill_s: float | None) -> list[float]:
+        return [a.samples / 600 for a in sorted(plan_round(cands, 20.0, cfg, fill_s=fill_s).assignments,
+                                                  key=lambda a: a.device)]
+    assert epochs(None) == epochs(100.0) == [4.0, 4.0, 4.0]  # no step in sight: the cap
+    assert epochs(1.3) == pytest.approx([2.0, 2.0, 1.0], abs=0.06)  # 1.2 s of work after the transfer
+    assert epochs(0.2) == [1.0, 1.0, 1.0]  # a step sooner than any job: FedAvg's epochs, no fewer
+
+
+def test_with_step_fill_a_streamed_fast_device_trains_until_the_kth_job_would_end():
+    # One model of board, so a job's time follows its data: a's one epoch is a fifth of b's. A
+    # streamed step waits for two updates, so it is predicted when b's one epoch ends.
+    views = [DeviceView("a", 60, None, "pi"), DeviceView("b", 300, None, "pi"), DeviceView("c", 600, None, "pi")]
+    def jobs(step_fill: bool) -> dict[str, Assignment]:
+        predictor = Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002})
+        s = Scheduler(SchedulerConfig(PlanConfig(target_updates=2, max_epochs=10), step_fill=step_fill), predictor)
+        return {a.device: a for a in s.plan(1, 0.0, views, slots=3)}
+    held, filled = jobs(False), jobs(True)
+    assert held["a"].epochs == 1 and filled["a"].epochs > 3  # streaming alone caps a job at FedAvg's epochs
+    assert filled["a"].predicted_s == pytest.approx(filled["b"].predicted_s, rel=0.1)  # and a idles no more
+    assert (filled["b"], filled["c"]) == (held["b"], held["c"])  # the step waits on them: nothing added
+
+
 def test_the_absence_after_a_lost_job_is_measured_and_still_away_counts_so_far():
     from edgesched.core.risk import DropoutModel
     risk = DropoutModel()

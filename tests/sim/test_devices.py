@@ -91,22 +91,25 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
     assert sum(t <= deadline for t in times) >= 0.9 * len(times)
 
 
-def test_the_no_reserve_early_step_matched_spans_absence_and_eager_contenders_reach_the_scheduler_and_pace():
+def test_the_option_contenders_reach_the_scheduler_and_pace():
+    """No reserve, early step, matched spans, absence, eager rounds and step fill: each sets its one knob."""
     from edgesched.simulations.contenders import make_policy
 
     fleet = _fleet("lab-20")
     sizes = [3000] * len(fleet.devices)
     kept = {}
     for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step", "edgesched-matched-spans",
-                     "edgesched-absence", "edgesched-eager-rounds"):
+                     "edgesched-absence", "edgesched-eager-rounds", "edgesched-step-fill"):
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
         scheduler = policy.scheduler
         kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve, policy.early_step,
-                          policy.pacer.config.match_spans, scheduler.config.plan.absence_stretch, policy.eager_rounds)
-    assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False),
-                    "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False),
-                    "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False),
-                    "edgesched-matched-spans": (20.0, 20.0, False, True, 1.0, False),
-                    "edgesched-absence": (20.0, 20.0, False, False, 2.0, False),
-                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True)}
+                          policy.pacer.config.match_spans, scheduler.config.plan.absence_stretch, policy.eager_rounds,
+                          scheduler.config.step_fill)
+    assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False, False),
+                    "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False, False),
+                    "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False, False),
+                    "edgesched-matched-spans": (20.0, 20.0, False, True, 1.0, False, False),
+                    "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False),
+                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False),
+                    "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True)}

@@ -65,6 +65,6 @@ def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
     )
     guard = GuardConfig(norm_limit=s.update_norm_limit, on_large_norm=s.large_update)
     return SchedulerConfig(plan=plan, server_lr=s.server_lr, thin_steps=s.thin_steps,
-                           battery_reserve=s.battery_reserve, guard=guard,
+                           battery_reserve=s.battery_reserve, guard=guard, step_fill=s.step_fill,
                            robust=s.robust_aggregation, compression=s.compression,
                            max_transfer_share=s.max_transfer_share)
