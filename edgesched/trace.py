@@ -196,7 +196,9 @@ class TraceRecorder:
         self.jobs: dict[str, list[_Job]] = {}
         self.out: dict[str, tuple[str, float, int]] = {}  # job id -> (device, sent at, samples it may train)
 
-    def presence(self, device: str, online: bool, now: float) -> None:
+    def presence(self, device: str, online: bool, now: float, left_at: float | None = None) -> None:
+        """What the registry says of `device` when the gateway looks at `now`; `left_at`: when an
+        offline device's leaving became known (it may be long before the gateway looked)."""
         if self.origin is None:
             self.origin = now
         spells = self.spells.setdefault(device, [])
@@ -204,7 +206,7 @@ class TraceRecorder:
         if online and not is_open:
             spells.append([now, math.inf])
         elif not online and is_open:
-            spells[-1][1] = now
+            spells[-1][1] = now if left_at is None else left_at
             self.out = {k: job for k, job in self.out.items() if job[0] != device}  # lost by its leaving
 
     def sent(self, job_id: str, device: str, at: float, samples: int) -> None:

@@ -71,6 +71,9 @@ class DeviceState:
     node_id: int | None
     offline_reason: str | None  # "status", "timeout" or None while online
     stale: bool = False  # online on its last-known state: nothing heard for longer than the timeout
+    # When the gateway could first tell it was gone (its offline status in, or its silence past
+    # the timeout), not when someone looked: a trace dates its leaving by this.
+    offline_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -216,13 +219,13 @@ class DeviceRegistry:
         return device.last_seen is None or now - device.last_seen > self.config.timeout
 
     def _state(self, device_id: str, d: _Device, now: float) -> DeviceState:
-        reason = None
+        reason, since = None, None
         if d.status is not None and d.status.state == "offline" and not self._shutdown_will(d):
-            reason = "status"
+            reason, since = "status", d.status_at
         elif d.last_seen is None and d.status is None:
             reason = "never_seen"
-        elif d.last_seen is not None and self._silent_s(d.last_seen, now) > self.config.timeout:
-            reason = "timeout"
+        elif d.last_seen is not None and (silent := self._silent_s(d.last_seen, now)) > self.config.timeout:
+            reason, since = "timeout", now - silent + self.config.timeout
         return DeviceState(
             device_id=device_id,
             online=reason is None,
@@ -231,6 +234,7 @@ class DeviceRegistry:
             capabilities=d.capabilities,
             node_id=d.node_id,
             offline_reason=reason,
+            offline_since=since,
             stale=reason is None and d.last_seen is not None and now - d.last_seen > self.config.timeout,
         )
 

@@ -120,7 +120,8 @@ class FlowerFleet:
         snapshot = self._telemetry.snapshot()
         if self._trace is not None:
             for state in snapshot.devices.values():  # usable: heard, and its Flower node known
-                self._trace.presence(state.device_id, state.online and state.node_id is not None, snapshot.taken_at)
+                self._trace.presence(state.device_id, state.online and state.node_id is not None,
+                                     snapshot.taken_at, state.offline_since)
         return {s.node_id: s for s in snapshot.devices.values() if s.node_id is not None}
 
     def views(self, now: float) -> list[DeviceView]:

@@ -143,6 +143,17 @@ def test_the_recorder_keeps_spells_and_speeds_and_bounds_what_devices_claim(tmp_
         Interval(i.start_s, i.end_s, pytest.approx(i.gmacs_per_s, rel=1e-5), i.overhead_s) for i in rows["a"])
 
 
+def test_a_spell_ends_when_the_device_left_not_when_the_gateway_next_looked():
+    rec = TraceRecorder(1_000_000)
+    rec.presence("a", True, 0.0)
+    rec.presence("b", True, 0.0)
+    rec.job("b", 10.0, 100, 2.0, 5.0)  # a speed for the trace to give both
+    rec.presence("a", False, 223.0, left_at=12.5)  # its Last Will came at 12.5 s; nobody looked till 223
+    rec.presence("b", False, 223.0)  # no moment known: the look dates it
+    assert [(i.start_s, i.end_s) for i in dict(rec.intervals(300.0))["a"]] == [(0.0, 12.5)]
+    assert [(i.start_s, i.end_s) for i in dict(rec.intervals(300.0))["b"]] == [(0.0, 223.0)]
+
+
 def test_a_replayed_fleet_goes_into_a_checkpoint_and_back(tmp_path):
     from edgesched.files import read_checkpoint, write_checkpoint
 
