@@ -48,7 +48,7 @@ BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive schedule
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
              "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-absence",
-             "edgesched-eager-rounds", "edgesched-step-fill")
+             "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -106,6 +106,7 @@ class SchedulerSettings:
     min_deadline: float = 1.0
     max_overselect: float = 2.0
     min_round_share: float = 0.5  # after a deadline's wait, a round starts expecting this x clients-per-round
+    stream_hold: bool = True  # streaming: a device whose update waits for the step gets no new job until it
     early_step: bool = False  # streaming: step on min-round-share once the held devices could each do a job first
     step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
     eager_rounds: bool = False  # rounds: after a deadline's wait, start once every device online is free
@@ -133,6 +134,8 @@ class SchedulerSettings:
         _require(self.max_overselect >= 1, "max-overselect", "must be >= 1", self.max_overselect)
         _require(0 < self.min_round_share <= 1, "min-round-share", "must be in (0, 1]", self.min_round_share)
         _require(self.server_lr > 0, "server-lr", "must be > 0", self.server_lr)
+        _require(self.stream_hold or not self.early_step, "early-step", "needs stream-hold (it frees held devices)",
+                 self.early_step)
         _require(self.fairness_rounds > 0, "fairness-rounds", "must be > 0", self.fairness_rounds)
         _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)
         _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)

@@ -14,6 +14,7 @@ from edgesched.core.decisions import Paced
 from edgesched.core.fleet import DeviceView
 from edgesched.core.pace import PACES, BanditConfig, LearnedPacer, Pace, fall_rate
 from edgesched.core.predict import Predictor
+from edgesched.errors import ConfigError
 
 from .fakes import Fleet, ScriptedTransport, StepClock, run
 from .heartbeats import heartbeat
@@ -47,6 +48,22 @@ def test_streaming_holds_a_device_whose_update_waits_for_the_step():
     _, records = run(edgesched(2, "stream", **{"min-deadline": 10.0}), transport, Fleet(3), steps=1)
     assert [t for t, d in sends(transport) if d == "d0"] == [0.0]
     assert (records[0][0].replied, records[0][0].virtual_seconds) == (3, 4.0)
+
+
+def test_without_the_hold_a_device_whose_update_waits_is_sent_again_at_once():
+    # As above, with stream-hold off (FedBuff's way): d0 goes again at 1 s and its second update
+    # completes the step at 2 s, before the slow devices are back.
+    seconds = {"d0": 1.0, "d1": 4.0, "d2": 4.0}
+    transport = ScriptedTransport(StepClock(), seconds)
+    policy = edgesched(2, "stream", **{"min-deadline": 10.0, "stream-hold": False})
+    _, records = run(policy, transport, Fleet(3), steps=1)
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (2, 2.0)
+    assert [t for t, d in sends(transport) if d == "d0" and t < 2.0] == [0.0, 1.0]
+
+
+def test_early_step_needs_the_hold():
+    with pytest.raises(ConfigError, match=r"early-step.*needs stream-hold"):
+        edgesched(2, "stream", **{"early-step": True, "stream-hold": False})
 
 
 def test_streaming_keeps_at_most_k_times_overselect_jobs_in_flight():

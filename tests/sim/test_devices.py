@@ -92,24 +92,25 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
 
 
 def test_the_option_contenders_reach_the_scheduler_and_pace():
-    """No reserve, early step, matched spans, absence, eager rounds and step fill: each sets its one knob."""
+    """No reserve, early step, matched spans, absence, eager rounds, step fill and no hold: each sets its one knob."""
     from edgesched.simulations.contenders import make_policy
 
     fleet = _fleet("lab-20")
     sizes = [3000] * len(fleet.devices)
     kept = {}
     for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step", "edgesched-matched-spans",
-                     "edgesched-absence", "edgesched-eager-rounds", "edgesched-step-fill"):
+                     "edgesched-absence", "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold"):
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
         scheduler = policy.scheduler
         kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve, policy.early_step,
                           policy.pacer.config.match_spans, scheduler.config.plan.absence_stretch, policy.eager_rounds,
-                          scheduler.config.step_fill)
-    assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False, False),
-                    "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False, False),
-                    "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False, False),
-                    "edgesched-matched-spans": (20.0, 20.0, False, True, 1.0, False, False),
-                    "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False),
-                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False),
-                    "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True)}
+                          scheduler.config.step_fill, policy.stream_hold)
+    assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False, False, True),
+                    "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False, False, True),
+                    "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False, False, True),
+                    "edgesched-matched-spans": (20.0, 20.0, False, True, 1.0, False, False, True),
+                    "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False, True),
+                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False, True),
+                    "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True, True),
+                    "edgesched-no-hold": (20.0, 20.0, False, False, 1.0, False, False, False)}

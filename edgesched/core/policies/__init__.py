@@ -41,7 +41,8 @@ def fedbuff(cfg: RunConfig) -> FedBuff:
 def edgesched(cfg: RunConfig, predictor: Predictor, risk: DropoutModel | None = None) -> EdgeschedPolicy:
     scheduler = Scheduler(scheduler_config(cfg), predictor, risk)
     return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share, pacer(cfg.scheduler),
-                           early_step=cfg.scheduler.early_step, eager_rounds=cfg.scheduler.eager_rounds)
+                           early_step=cfg.scheduler.early_step, eager_rounds=cfg.scheduler.eager_rounds,
+                           stream_hold=cfg.scheduler.stream_hold)
 
 
 def pacer(s: SchedulerSettings) -> FixedPacer | LearnedPacer:

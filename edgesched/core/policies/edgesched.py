@@ -20,7 +20,8 @@ that may learn it in the run:
   whole online fleet, so jobs sent at different moments still finish about as long after they
   start (equal finish, in continuous time). The server steps once `clients-per-round` updates
   are in (at most one per device: a device whose update waits for the
-  step is held; never more than the devices online); at once when no job that could still count
+  step is held; with `stream_hold` off it is sent again at once, as FedBuff does, and may bring a
+  second; never more than the devices online); at once when no job that could still count
   is out, so that no device waits for a step nobody else can bring; once two deadlines have
   passed since the last step, with `min_round_share` of them; with `early_step`, also with
   `min_round_share` of them as soon as the held devices could each do a whole job (at their
@@ -52,8 +53,9 @@ Pacer = FixedPacer | LearnedPacer
 
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float,
-                 pacer: Pacer, early_step: bool = False, eager_rounds: bool = False) -> None:
+                 pacer: Pacer, early_step: bool = False, eager_rounds: bool = False, stream_hold: bool = True) -> None:
         self.scheduler = scheduler
+        self.stream_hold = stream_hold
         self.early_step = early_step
         self.eager_rounds = eager_rounds
         self.round_timeout = round_timeout
@@ -123,9 +125,9 @@ class EdgeschedPolicy:
 
     def _stream(self, now: float, views: list[DeviceView], busy: set[str], jobs: Mapping[str, Job]) -> list[Assignment]:
         """Streaming: work for the free devices now, up to the jobs in flight allowed. A device whose
-        update waits for the step is held until it: a step is an average over devices, and a fast
-        device sent again and again would fill it with its own data."""
-        held = busy | self.scheduler.waiting
+        update waits for the step is held until it (unless `stream_hold` is off): a step is an
+        average over devices, and a fast device sent again and again would fill it with its own data."""
+        held = busy | self.scheduler.waiting if self.stream_hold else busy
         slots = self._concurrency() - len(jobs)
         if slots <= 0 or all(v.device in held for v in views):
             return []
