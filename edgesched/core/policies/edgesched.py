@@ -19,9 +19,9 @@ that may learn it in the run:
   `clients-per-round x max-overselect` jobs in flight, each sized to the deadline taken over the
   whole online fleet, so jobs sent at different moments still finish about as long after they
   start (equal finish, in continuous time). The server steps once `clients-per-round` updates
-  are in (at most one per device: a device whose update waits for the
-  step is held; with `stream_hold` off it is sent again at once, as FedBuff does, and may bring a
-  second; never more than the devices online); at once when no job that could still count
+  are in (one per device, a device whose update waits for the step being held; with
+  `stream_hold` off it is sent again at once, as FedBuff does, and may bring a second; never
+  more than the devices online); at once when no job that could still count
   is out, so that no device waits for a step nobody else can bring; once two deadlines have
   passed since the last step, with `min_round_share` of them; with `early_step`, also with
   `min_round_share` of them as soon as the held devices could each do a whole job (at their
