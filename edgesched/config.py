@@ -37,6 +37,7 @@ ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines upda
 COMPRESSION = ("off", "adaptive", "8", "4", "2")  # updates' width (edgesched.core.compress)
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
 PACE_CHOICES = ("learned", *PACES)  # the adaptive scheduler's pace (edgesched.core.pace)
+HOLD_CHOICES = ("always", "priced", "never")  # streaming: is a device whose update waits for the step held
 ENGINES = ("ray", "in-process")  # where a virtual fleet's real training runs (edgesched.simulations)
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # What a gateway runs; the simulator also runs the baselines and ablations the side-by-side
@@ -106,7 +107,7 @@ class SchedulerSettings:
     min_deadline: float = 1.0
     max_overselect: float = 2.0
     min_round_share: float = 0.5  # after a deadline's wait, a round starts expecting this x clients-per-round
-    stream_hold: bool = True  # streaming: a device whose update waits for the step gets no new job until it
+    stream_hold: str = "always"  # streaming: a device whose update waits gets no job until the step; "priced", "never"
     early_step: bool = False  # streaming: step on min-round-share once the held devices could each do a job first
     step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
     eager_rounds: bool = False  # rounds: after a deadline's wait, start once every device online is free
@@ -134,8 +135,10 @@ class SchedulerSettings:
         _require(self.max_overselect >= 1, "max-overselect", "must be >= 1", self.max_overselect)
         _require(0 < self.min_round_share <= 1, "min-round-share", "must be in (0, 1]", self.min_round_share)
         _require(self.server_lr > 0, "server-lr", "must be > 0", self.server_lr)
-        _require(self.stream_hold or not self.early_step, "early-step", "needs stream-hold (it frees held devices)",
-                 self.early_step)
+        _require(self.stream_hold in HOLD_CHOICES, "stream-hold", f"must be one of {', '.join(HOLD_CHOICES)}",
+                 self.stream_hold)
+        _require(self.stream_hold == "always" or not self.early_step, "early-step",
+                 "needs stream-hold = always (it frees held devices)", self.early_step)
         _require(self.fairness_rounds > 0, "fairness-rounds", "must be > 0", self.fairness_rounds)
         _require(self.gateway_mbps >= 0, "gateway-mbps", "must be >= 0 (0: unlimited)", self.gateway_mbps)
         _require(0 <= self.battery_reserve < 100, "battery-reserve", "must be in [0, 100)", self.battery_reserve)

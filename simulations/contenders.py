@@ -28,7 +28,7 @@
     `edgesched-step-fill`: a streamed job of a fast device trains on until the step it waits for
     is predicted instead of idling in the hold (`step-fill`, edgesched.core.scheduler); and
     `edgesched-no-hold`: a streamed device whose update waits for the step is sent again at once,
-    as FedBuff does, instead of being held (`stream-hold = false`, edgesched.core.policies.edgesched).
+    as FedBuff does, instead of being held (`stream-hold = "never"`, edgesched.core.policies.edgesched).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -72,7 +72,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-absence": lambda cfg: {"absence-stretch": 2.0},
     "edgesched-eager-rounds": lambda cfg: {"eager-rounds": True},
     "edgesched-step-fill": lambda cfg: {"step-fill": True},
-    "edgesched-no-hold": lambda cfg: {"stream-hold": False},
+    "edgesched-no-hold": lambda cfg: {"stream-hold": "never"},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

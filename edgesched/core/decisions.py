@@ -179,8 +179,21 @@ class Thinned(Decision):
     KIND: ClassVar[str] = "thin"
 
 
+@dataclass(frozen=True)
+class Released(Decision):
+    """Streaming, `stream-hold = "priced"`: a device whose update waits for the step sent again,
+    because holding it would idle it longer than the absence its job risks."""
+
+    device: str
+    risk: float  # that its job is lost
+    absence_s: float  # how long a device stays away after a lost job (edgesched.core.risk.absence_s)
+    wait_s: float | None  # predicted until the step (None: too few jobs out to bring it)
+
+    KIND: ClassVar[str] = "release"
+
+
 _CLASSES: list[type[Decision]] = [RoundPlanned, Selected, Skipped, Arrived, Lost, Expired, Quarantined, Screened,
-                                  Adjusted, Paced, Thinned]
+                                  Adjusted, Paced, Thinned, Released]
 
 
 def decision_from_json(line: str) -> Decision:

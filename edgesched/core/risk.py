@@ -108,13 +108,17 @@ class DropoutModel:
         return (self._lost + 0.5) / (self._jobs + 5.0)
 
     def absence_s(self, now: float) -> float:
-        """The mean time a device stayed away after a lost job: measured for those that came back,
-        so far for those still away (a lower bound, which grows while they stay away); 0 before
-        any job was lost."""
+        """The mean time a device stays away after a lost job: all the time away so far, of the
+        devices that came back and of those still away, per device that came back (at least one;
+        the mean of an exponential stay from censored ones). Until the first comes back it grows
+        with every second the lost devices stay away, so a fleet whose devices leave for minutes
+        reads as one from its first losses, not as the few seconds they have been gone (an
+        estimate that averaged over those still away would read low exactly while losses pile
+        up). 0 before any job was lost."""
         if not self._away_since and not self._returns:
             return 0.0
         so_far = sum(max(0.0, now - lost_at) for lost_at in self._away_since.values())
-        return (self._returned_s + so_far) / (len(self._away_since) + self._returns)
+        return (self._returned_s + so_far) / max(1, self._returns)
 
     def hazard(self, device: str) -> float:
         """The device's departures per online second between jobs, shrunk toward the fleet's."""

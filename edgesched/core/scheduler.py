@@ -82,6 +82,19 @@ class SchedulerConfig:
     max_transfer_share: float = 0.1
 
 
+@dataclass(frozen=True)
+class HoldPrice:
+    """Streaming: what holding a device whose update waits for the step costs against sending it."""
+
+    risk: float  # that a job sent now is lost
+    absence_s: float  # what a loss costs: how long the device then stays away
+    wait_s: float | None  # what holding costs: the time until the step (None: too few jobs out to bring it)
+
+    @property
+    def holds(self) -> bool:
+        return self.wait_s is not None and self.risk * self.absence_s > self.wait_s
+
+
 @dataclass
 class JobPlan:
     """What the scheduler keeps of a job it sent: the plan, the prediction it was sent on."""
@@ -380,10 +393,29 @@ class Scheduler:
         is predicted in. Holding them then costs more work than a step on fewer updates."""
         if not self._buffer:
             return False
-        due = min((job.sent_at + job.plan.prediction.job_seconds(job.plan.assignment.samples)
-                   for job in jobs if not job.plan.expired), default=math.inf)  # none: nothing to wait for
+        due = min(_dues(jobs), default=math.inf)  # none: nothing to wait for
         took = float(np.median([self._took[device] for device in self.waiting]))
         return max(now, due) - now > took
+
+    def hold_prices(self, views: Sequence[DeviceView], jobs: Iterable[Job], now: float,
+                    step_size: int) -> dict[str, HoldPrice]:
+        """Streaming: for each device online whose update waits for the step, what holding it
+        costs (the wait until the step: until the update that completes `step_size` is predicted
+        in, never if too few jobs that could count are out) against what sending it again risks:
+        its job's risk (at its last job's time) times how long a device stays away after a lost
+        job. Where a loss costs nothing (no losses yet, or devices come straight back) a fast
+        device works on; where losses keep devices away for minutes it waits, as FedAvg's would."""
+        waiting = [v for v in views if v.device in self.waiting]
+        if not waiting:
+            return {}
+        due = sorted(_dues(jobs))
+        need = step_size - len(self._buffer)
+        wait = 0.0 if need <= 0 else max(0.0, due[need - 1] - now) if need <= len(due) else None
+        devices = [v.device for v in waiting]
+        risks = self.risk.risks(devices, np.array([self._took[d] for d in devices]),
+                                Readings([v.heartbeat for v in waiting]))
+        absence = self.risk.absence_s(now)
+        return {d: HoldPrice(float(r), absence, wait) for d, r in zip(devices, risks, strict=True)}
 
     def round_complete(self, jobs: Mapping[str, Job]) -> bool:
         """Every job of this round has ended and every on-time update is in (the round may end early)."""
@@ -437,3 +469,9 @@ class Scheduler:
 
     def median_error(self) -> float | None:
         return float(np.median(self.errors)) if self.errors else None
+
+
+def _dues(jobs: Iterable[Job]) -> list[float]:
+    """When each job in flight that may still count is predicted back."""
+    return [job.sent_at + job.plan.prediction.job_seconds(job.plan.assignment.samples)
+            for job in jobs if not job.plan.expired]

@@ -10,10 +10,11 @@ import pytest
 
 from edgesched.config import RunConfig
 from edgesched.core import policies
-from edgesched.core.decisions import Paced
+from edgesched.core.decisions import Paced, Released
 from edgesched.core.fleet import DeviceView
 from edgesched.core.pace import PACES, BanditConfig, LearnedPacer, Pace, fall_rate
 from edgesched.core.predict import Predictor
+from edgesched.core.risk import DropoutModel
 from edgesched.errors import ConfigError
 
 from .fakes import Fleet, ScriptedTransport, StepClock, run
@@ -51,19 +52,56 @@ def test_streaming_holds_a_device_whose_update_waits_for_the_step():
 
 
 def test_without_the_hold_a_device_whose_update_waits_is_sent_again_at_once():
-    # As above, with stream-hold off (FedBuff's way): d0 goes again at 1 s and its second update
-    # completes the step at 2 s, before the slow devices are back.
+    # As above, with stream-hold "never" (FedBuff's way): d0 goes again at 1 s and its second
+    # update completes the step at 2 s, before the slow devices are back.
     seconds = {"d0": 1.0, "d1": 4.0, "d2": 4.0}
     transport = ScriptedTransport(StepClock(), seconds)
-    policy = edgesched(2, "stream", **{"min-deadline": 10.0, "stream-hold": False})
+    policy = edgesched(2, "stream", **{"min-deadline": 10.0, "stream-hold": "never"})
     _, records = run(policy, transport, Fleet(3), steps=1)
     assert (records[0][0].replied, records[0][0].virtual_seconds) == (2, 2.0)
     assert [t for t, d in sends(transport) if d == "d0" and t < 2.0] == [0.0, 1.0]
 
 
+def priced_run(lost_before: int) -> tuple[policies.EdgeschedPolicy, list, ScriptedTransport]:
+    """The fleet above with the hold priced, after `lost_before` jobs lost at 0 s on other devices
+    that have not come back (so a loss reads as costly: they are all still away)."""
+    cfg = RunConfig.from_mapping({"clients": 2, "fraction-train": 1.0, "round-timeout": 600.0, "min-deadline": 10.0,
+                                  "strategy": "edgesched", "pace": "stream", "stream-hold": "priced"})
+    risk = DropoutModel()
+    for i in range(lost_before):
+        risk.note_job(f"gone{i}", lost=True, now=0.0)
+    policy = policies.edgesched(cfg, Predictor(4 * 10_000, {"pi": 0.001}), risk)
+    transport = ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 4.0, "d2": 4.0})
+    _, records = run(policy, transport, Fleet(3), steps=1)
+    return policy, records, transport
+
+
+def test_a_priced_hold_sends_a_waiting_device_again_while_losses_cost_nothing():
+    # Nothing lost yet: holding d0 from 1 s to the step at 4 s idles it, sending it risks nothing.
+    policy, records, transport = priced_run(lost_before=0)
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (2, 2.0)
+    assert [t for t, d in sends(transport) if d == "d0" and t < 2.0] == [0.0, 1.0]
+    released = [d for d in policy.log if isinstance(d, Released)]
+    assert (released[0].t, released[0].device, released[0].absence_s) == (1.0, "d0", 0.0)
+    assert released[0].wait_s == 0.0  # d1's and d2's jobs were predicted back at once (a Pi's prior speed)
+    assert {r.device for r in released} == {"d0"}
+
+
+def test_a_priced_hold_keeps_a_waiting_device_once_a_loss_keeps_devices_away():
+    # Twenty jobs lost at 0 s, none back: at 1 s a loss reads as 20 s away at a risk near 0.8,
+    # more than d0 would idle (the step reads as due), so it is held as with stream-hold "always".
+    policy, records, transport = priced_run(lost_before=20)
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (3, 4.0)
+    assert [t for t, d in sends(transport) if d == "d0"] == [0.0]
+    assert not [d for d in policy.log if isinstance(d, Released)]
+
+
 def test_early_step_needs_the_hold():
-    with pytest.raises(ConfigError, match=r"early-step.*needs stream-hold"):
-        edgesched(2, "stream", **{"early-step": True, "stream-hold": False})
+    for hold in ("never", "priced"):
+        with pytest.raises(ConfigError, match=r"early-step.*needs stream-hold = always"):
+            edgesched(2, "stream", **{"early-step": True, "stream-hold": hold})
+    with pytest.raises(ConfigError, match=r"stream-hold.*must be one of always, priced, never"):
+        edgesched(2, "stream", **{"stream-hold": "sometimes"})
 
 
 def test_streaming_keeps_at_most_k_times_overselect_jobs_in_flight():

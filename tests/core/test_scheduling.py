@@ -127,19 +127,21 @@ def test_with_step_fill_a_streamed_fast_device_trains_until_the_kth_job_would_en
     assert (filled["b"], filled["c"]) == (held["b"], held["c"])  # the step waits on them: nothing added
 
 
-def test_the_absence_after_a_lost_job_is_measured_and_still_away_counts_so_far():
+def test_the_absence_after_a_lost_job_counts_the_time_of_those_still_away_per_return():
     from edgesched.core.risk import DropoutModel
     risk = DropoutModel()
     assert risk.absence_s(100.0) == 0.0  # nothing lost yet
     risk.note_job("a", lost=True, now=10.0)
     risk.note_job("b", lost=True, now=20.0)
     risk.note_presence("a", False, 15.0, busy=False)
-    assert risk.absence_s(30.0) == pytest.approx((20.0 + 10.0) / 2)  # both still away, so far
+    assert risk.absence_s(30.0) == pytest.approx(20.0 + 10.0)  # none back yet: all the time away, as one
+    assert risk.absence_s(40.0) == pytest.approx(30.0 + 20.0)  # and it grows while they stay away
     risk.note_presence("a", True, 70.0)  # back after 60 s
-    risk.note_presence("b", True, 25.0)  # b never left: it was there at the next look
-    assert risk.absence_s(500.0) == pytest.approx((60.0 + 5.0) / 2)
+    assert risk.absence_s(80.0) == pytest.approx(60.0 + 60.0)  # b still away, 60 s so far: one return
+    risk.note_presence("b", True, 85.0)  # back after 65 s
+    assert risk.absence_s(500.0) == pytest.approx((60.0 + 65.0) / 2)
     risk.note_job("c", lost=False)  # a delivered job is no absence
-    assert risk.absence_s(900.0) == pytest.approx(32.5)
+    assert risk.absence_s(900.0) == pytest.approx(62.5)
 
 
 def test_the_scheduler_stretches_a_risky_jobs_epochs_by_the_absence_it_measured():

@@ -106,11 +106,11 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
         kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve, policy.early_step,
                           policy.pacer.config.match_spans, scheduler.config.plan.absence_stretch, policy.eager_rounds,
                           scheduler.config.step_fill, policy.stream_hold)
-    assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False, False, True),
-                    "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False, False, True),
-                    "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False, False, True),
-                    "edgesched-matched-spans": (20.0, 20.0, False, True, 1.0, False, False, True),
-                    "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False, True),
-                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False, True),
-                    "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True, True),
-                    "edgesched-no-hold": (20.0, 20.0, False, False, 1.0, False, False, False)}
+    assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False, False, "always"),
+                    "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False, False, "always"),
+                    "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False, False, "always"),
+                    "edgesched-matched-spans": (20.0, 20.0, False, True, 1.0, False, False, "always"),
+                    "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False, "always"),
+                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False, "always"),
+                    "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True, "always"),
+                    "edgesched-no-hold": (20.0, 20.0, False, False, 1.0, False, False, "never")}

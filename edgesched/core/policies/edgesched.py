@@ -20,8 +20,9 @@ that may learn it in the run:
   whole online fleet, so jobs sent at different moments still finish about as long after they
   start (equal finish, in continuous time). The server steps once `clients-per-round` updates
   are in (one per device, a device whose update waits for the step being held; with
-  `stream_hold` off it is sent again at once, as FedBuff does, and may bring a second; never
-  more than the devices online); at once when no job that could still count
+  `stream_hold` "never" it is sent again at once, as FedBuff does, and may bring a second;
+  "priced", it is sent again once the wait for the step outweighs the absence its job risks;
+  never more than the devices online); at once when no job that could still count
   is out, so that no device waits for a step nobody else can bring; once two deadlines have
   passed since the last step, with `min_round_share` of them; with `early_step`, also with
   `min_round_share` of them as soon as the held devices could each do a whole job (at their
@@ -39,7 +40,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 
-from edgesched.core.decisions import Decision, Paced
+from edgesched.core.decisions import Decision, Paced, Released
 from edgesched.core.engine import Job, Loss, Outcome, Wake, Weights
 from edgesched.core.fleet import DeviceView
 from edgesched.core.pace import ROUNDS, FixedPacer, LearnedPacer, Pace
@@ -52,8 +53,8 @@ Pacer = FixedPacer | LearnedPacer
 
 
 class EdgeschedPolicy:
-    def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float,
-                 pacer: Pacer, early_step: bool = False, eager_rounds: bool = False, stream_hold: bool = True) -> None:
+    def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float, pacer: Pacer,
+                 early_step: bool = False, eager_rounds: bool = False, stream_hold: str = "always") -> None:
         self.scheduler = scheduler
         self.stream_hold = stream_hold
         self.early_step = early_step
@@ -125,14 +126,27 @@ class EdgeschedPolicy:
 
     def _stream(self, now: float, views: list[DeviceView], busy: set[str], jobs: Mapping[str, Job]) -> list[Assignment]:
         """Streaming: work for the free devices now, up to the jobs in flight allowed. A device whose
-        update waits for the step is held until it (unless `stream_hold` is off): a step is an
-        average over devices, and a fast device sent again and again would fill it with its own data."""
-        held = busy | self.scheduler.waiting if self.stream_hold else busy
+        update waits for the step is held until it (`stream_hold`): a step is an average over
+        devices, and a fast device sent again and again would fill it with its own data; priced,
+        it is held only while the absence its job risks outweighs the wait (`Scheduler.hold_prices`)."""
         slots = self._concurrency() - len(jobs)
-        if slots <= 0 or all(v.device in held for v in views):
+        if slots <= 0:
+            return []
+        prices = {}
+        if self.stream_hold == "priced":
+            prices = self.scheduler.hold_prices(views, jobs.values(), now, self._step_size())
+            held = busy | {device for device, price in prices.items() if price.holds}
+        else:
+            held = busy | self.scheduler.waiting if self.stream_hold == "always" else busy
+        if all(v.device in held for v in views):
             return []
         per_window = max(1.0, self._concurrency() / self._step_size())
-        return self.scheduler.plan(self._step, now, views, held, slots=slots, steps_per_window=per_window)
+        assignments = self.scheduler.plan(self._step, now, views, held, slots=slots, steps_per_window=per_window)
+        for a in assignments:
+            if a.device in prices:
+                p = prices[a.device]
+                self.scheduler.log.append(Released(now, self._step, a.device, p.risk, p.absence_s, p.wait_s))
+        return assignments
 
     def _concurrency(self) -> int:
         plan = self.scheduler.config.plan
