@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -404,8 +405,12 @@ class Scheduler:
         in, never if too few jobs that could count are out) against what sending it again risks:
         its job's risk (at its last job's time) times how long a device stays away after a lost
         job. Where a loss costs nothing (no losses yet, or devices come straight back) a fast
-        device works on; where losses keep devices away for minutes it waits, as FedAvg's would."""
-        waiting = [v for v in views if v.device in self.waiting]
+        device works on; where losses keep devices away for minutes it waits, as FedAvg's would.
+        Only a device with one update waiting is priced: one with two is held whatever the
+        price, so that a fast, reliable device cannot fill a step on a thin fleet with its own
+        data (a step of eight updates, five of one Pi, took campus-100 from 84 to 70 %)."""
+        once = {device for device, n in Counter(device for _, device, _ in self._buffer).items() if n == 1}
+        waiting = [v for v in views if v.device in once]
         if not waiting:
             return {}
         due = sorted(_dues(jobs))

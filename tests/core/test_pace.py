@@ -62,17 +62,18 @@ def test_without_the_hold_a_device_whose_update_waits_is_sent_again_at_once():
     assert [t for t, d in sends(transport) if d == "d0" and t < 2.0] == [0.0, 1.0]
 
 
-def priced_run(lost_before: int) -> tuple[policies.EdgeschedPolicy, list, ScriptedTransport]:
-    """The fleet above with the hold priced, after `lost_before` jobs lost at 0 s on other devices
-    that have not come back (so a loss reads as costly: they are all still away)."""
-    cfg = RunConfig.from_mapping({"clients": 2, "fraction-train": 1.0, "round-timeout": 600.0, "min-deadline": 10.0,
+def priced_run(lost_before: int, k: int = 2) -> tuple[policies.EdgeschedPolicy, list, ScriptedTransport]:
+    """The fleet above (and a d3 as slow, for k = 3) with the hold priced, after `lost_before`
+    jobs lost at 0 s on other devices that have not come back (so a loss reads as costly: they
+    are all still away)."""
+    cfg = RunConfig.from_mapping({"clients": k, "fraction-train": 1.0, "round-timeout": 600.0, "min-deadline": 10.0,
                                   "strategy": "edgesched", "pace": "stream", "stream-hold": "priced"})
     risk = DropoutModel()
     for i in range(lost_before):
         risk.note_job(f"gone{i}", lost=True, now=0.0)
     policy = policies.edgesched(cfg, Predictor(4 * 10_000, {"pi": 0.001}), risk)
-    transport = ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 4.0, "d2": 4.0})
-    _, records = run(policy, transport, Fleet(3), steps=1)
+    transport = ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 4.0, "d2": 4.0, "d3": 4.0})
+    _, records = run(policy, transport, Fleet(k + 1), steps=1)
     return policy, records, transport
 
 
@@ -85,6 +86,15 @@ def test_a_priced_hold_sends_a_waiting_device_again_while_losses_cost_nothing():
     assert (released[0].t, released[0].device, released[0].absence_s) == (1.0, "d0", 0.0)
     assert released[0].wait_s == 0.0  # d1's and d2's jobs were predicted back at once (a Pi's prior speed)
     assert {r.device for r in released} == {"d0"}
+
+
+def test_a_priced_hold_sends_a_waiting_device_again_at_most_once_a_step():
+    # k = 3: d0's second update is in at 2 s, and with two waiting it is held until the step at
+    # 4 s (its two updates and the three slow ones, back together).
+    policy, records, transport = priced_run(lost_before=0, k=3)
+    assert [t for t, d in sends(transport) if d == "d0" and t < 4.0] == [0.0, 1.0]
+    assert (records[0][0].replied, records[0][0].virtual_seconds) == (5, 4.0)
+    assert [(r.t, r.device) for r in policy.log if isinstance(r, Released) and r.t < 4.0] == [(1.0, "d0")]
 
 
 def test_a_priced_hold_keeps_a_waiting_device_once_a_loss_keeps_devices_away():

@@ -21,8 +21,8 @@ that may learn it in the run:
   start (equal finish, in continuous time). The server steps once `clients-per-round` updates
   are in (one per device, a device whose update waits for the step being held; with
   `stream_hold` "never" it is sent again at once, as FedBuff does, and may bring a second;
-  "priced", it is sent again once the wait for the step outweighs the absence its job risks;
-  never more than the devices online); at once when no job that could still count
+  "priced", it is sent again once the wait for the step outweighs the absence its job risks,
+  at most once a step; never more than the devices online); at once when no job that could still count
   is out, so that no device waits for a step nobody else can bring; once two deadlines have
   passed since the last step, with `min_round_share` of them; with `early_step`, also with
   `min_round_share` of them as soon as the held devices could each do a whole job (at their
@@ -135,7 +135,7 @@ class EdgeschedPolicy:
         prices = {}
         if self.stream_hold == "priced":
             prices = self.scheduler.hold_prices(views, jobs.values(), now, self._step_size())
-            held = busy | {device for device, price in prices.items() if price.holds}
+            held = busy | (self.scheduler.waiting - {device for device, price in prices.items() if not price.holds})
         else:
             held = busy | self.scheduler.waiting if self.stream_hold == "always" else busy
         if all(v.device in held for v in views):
