@@ -49,7 +49,7 @@ BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive schedule
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
              "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-absence",
-             "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold")
+             "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold", "edgesched-priced")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.

@@ -28,7 +28,9 @@
     `edgesched-step-fill`: a streamed job of a fast device trains on until the step it waits for
     is predicted instead of idling in the hold (`step-fill`, edgesched.core.scheduler); and
     `edgesched-no-hold`: a streamed device whose update waits for the step is sent again at once,
-    as FedBuff does, instead of being held (`stream-hold = "never"`, edgesched.core.policies.edgesched).
+    as FedBuff does, instead of being held (`stream-hold = "never"`, edgesched.core.policies.edgesched);
+    and `edgesched-priced` prices what a lost job costs in three places at once: the hold
+    (`stream-hold = "priced"`), each pace judged over matched spans, and `absence-stretch = 2`.
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -73,6 +75,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-eager-rounds": lambda cfg: {"eager-rounds": True},
     "edgesched-step-fill": lambda cfg: {"step-fill": True},
     "edgesched-no-hold": lambda cfg: {"stream-hold": "never"},
+    "edgesched-priced": lambda cfg: {"stream-hold": "priced", "matched-spans": True, "absence-stretch": 2.0},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

@@ -92,14 +92,16 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
 
 
 def test_the_option_contenders_reach_the_scheduler_and_pace():
-    """No reserve, early step, matched spans, absence, eager rounds, step fill and no hold: each sets its one knob."""
+    """No reserve, early step, matched spans, absence, eager rounds, step fill and no hold: each sets its one knob;
+    priced sets its three."""
     from edgesched.simulations.contenders import make_policy
 
     fleet = _fleet("lab-20")
     sizes = [3000] * len(fleet.devices)
     kept = {}
     for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step", "edgesched-matched-spans",
-                     "edgesched-absence", "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold"):
+                     "edgesched-absence", "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold",
+                     "edgesched-priced"):
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
         scheduler = policy.scheduler
@@ -113,4 +115,5 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
                     "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False, "always"),
                     "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False, "always"),
                     "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True, "always"),
-                    "edgesched-no-hold": (20.0, 20.0, False, False, 1.0, False, False, "never")}
+                    "edgesched-no-hold": (20.0, 20.0, False, False, 1.0, False, False, "never"),
+                    "edgesched-priced": (20.0, 20.0, False, True, 2.0, False, False, "priced")}
