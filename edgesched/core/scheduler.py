@@ -402,7 +402,8 @@ class Scheduler:
                     step_size: int) -> dict[str, HoldPrice]:
         """Streaming: for each device online whose update waits for the step, what holding it
         costs (the wait until the step: until the update that completes `step_size` is predicted
-        in, never if too few jobs that could count are out) against what sending it again risks:
+        in; none if too few jobs that could count are out, since holding then brings the step no
+        sooner) against what sending it again risks:
         its job's risk (at its last job's time) times how long a device stays away after a lost
         job. Where a loss costs nothing (no losses yet, or devices come straight back) a fast
         device works on; where losses keep devices away for minutes it waits, as FedAvg's would.
