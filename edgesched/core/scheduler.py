@@ -403,10 +403,10 @@ class Scheduler:
         """Streaming: for each device online whose update waits for the step, what holding it
         costs (the wait until the step: until the update that completes `step_size` is predicted
         in; none if too few jobs that could count are out, since holding then brings the step no
-        sooner) against what sending it again risks:
-        its job's risk (at its last job's time) times how long a device stays away after a lost
-        job. Where a loss costs nothing (no losses yet, or devices come straight back) a fast
-        device works on; where losses keep devices away for minutes it waits, as FedAvg's would.
+        sooner) against what sending it again risks: its job's risk (at its last job's time)
+        times how long a device stays away after a lost job. Where a loss costs nothing (no
+        losses yet, or devices come straight back) a fast device works on; where losses keep
+        devices away for minutes it waits, as FedAvg's would.
         Only a device with one update waiting is priced: one with two is held whatever the
         price: a fast device with a clean record has a small risk, and would otherwise fill a
         step on a thin fleet with its own data."""

@@ -132,10 +132,11 @@ class EdgeschedPolicy:
         slots = self._concurrency() - len(jobs)
         if slots <= 0:
             return []
-        prices = {}
+        released = {}
         if self.stream_hold == "priced":
             prices = self.scheduler.hold_prices(views, jobs.values(), now, self._step_size())
-            held = busy | (self.scheduler.waiting - {device for device, price in prices.items() if not price.holds})
+            released = {device: price for device, price in prices.items() if not price.holds}
+            held = busy | (self.scheduler.waiting - released.keys())
         else:
             held = busy | self.scheduler.waiting if self.stream_hold == "always" else busy
         if all(v.device in held for v in views):
@@ -143,8 +144,8 @@ class EdgeschedPolicy:
         per_window = max(1.0, self._concurrency() / self._step_size())
         assignments = self.scheduler.plan(self._step, now, views, held, slots=slots, steps_per_window=per_window)
         for a in assignments:
-            if a.device in prices:
-                p = prices[a.device]
+            if a.device in released:
+                p = released[a.device]
                 self.scheduler.log.append(Released(now, self._step, a.device, p.risk, p.absence_s, p.wait_s))
         return assignments
 
