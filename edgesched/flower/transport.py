@@ -3,12 +3,18 @@
 Flower's `Strategy.start` sends a round and waits for all of it, so nothing could arrive late
 and still count. Pushing each job with `Grid.push_messages` and pulling replies with
 `Grid.pull_messages` lets the engine take each one as it lands, in any step.
+
+A reply is pulled in two parts: the message, then its objects (the weights). When a board dies
+mid-upload, Flower's pull of its objects retries until the SuperLink's upload session expires
+(minutes), and the gateway would not look at its fleet meanwhile. So each pull runs in a thread
+of its own, the engine waits for it only briefly, and replies to other jobs are pulled beside it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
@@ -33,6 +39,37 @@ from edgesched.flower.messages import (
 from edgesched.flower.nodes import NODE_LIST_TTL_S, FlowerFleet
 from edgesched.trace import TraceRecorder
 
+PULL_WAIT_S = 0.5  # how long one look at the replies may wait for pulls still under way
+
+
+class _Pull:
+    """One `Grid.pull_messages` for some jobs, in a daemon thread (a pull stuck on a dead
+    board's upload must not keep the gateway from exiting)."""
+
+    def __init__(self, grid: Grid, job_ids: set[str]) -> None:
+        self.job_ids = job_ids
+        self._messages: list[Message] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._pull, args=(grid,), daemon=True, name="edgesched-pull")
+        self._thread.start()
+
+    def _pull(self, grid: Grid) -> None:
+        try:
+            self._messages = list(grid.pull_messages(list(self.job_ids)))
+        except BaseException as exc:  # handed to the engine's thread by `messages`
+            self._error = exc
+
+    def over(self, wait_s: float) -> bool:
+        """Whether the pull has ended, waiting up to `wait_s` for it."""
+        self._thread.join(max(0.0, wait_s))
+        return not self._thread.is_alive()
+
+    def messages(self) -> list[Message]:
+        """The replies an ended pull took in; re-raises what it raised."""
+        if self._error is not None:
+            raise self._error
+        return self._messages
+
 
 class FlowerTransport:
     def __init__(self, grid: Grid, cfg: RunConfig, nodes: FlowerFleet, keys: list[str],
@@ -48,6 +85,7 @@ class FlowerTransport:
         self.holdings = Holdings()  # what each board holds of the model (compressed jobs)
         self._sent: dict[str, tuple[str, int, int]] = {}  # job id -> (device, update width, bytes sent)
         self._shapes: list[tuple[int, ...]] = []
+        self._pulls: list[_Pull] = []  # under way; each job is in at most one
 
     def send(self, device: str, step: int, order: Order, model: list[np.ndarray], deadline: float | None) -> str:
         node, partition = self.nodes.target(device)
@@ -89,12 +127,26 @@ class FlowerTransport:
         for gone in set(self._sent) - set(job_ids):  # the engine gave up on it: its reply is never read
             del self._sent[gone]
             self.holdings.drop(gone)
-        replies = [self._decode(reply, max_bytes) for reply in self.grid.pull_messages(list(job_ids))]
+        wanted = set(job_ids)
+        replies = [self._decode(reply, max_bytes) for reply in self._pulled(wanted)
+                   if reply.metadata.reply_to_message_id in wanted]
         self.bytes_up += sum(r.moved[1] for r in replies)
         for reply in replies:
             if self.trace is not None and reply.trained is not None and reply.metrics is not None:
                 self.trace.replied(reply.job_id, time.time(), reply.metrics.samples, reply.metrics.seconds)
         return replies
+
+    def _pulled(self, wanted: set[str]) -> Iterable[Message]:
+        """Replies pulled for `wanted` jobs: a pull is started for those no pull under way
+        covers, and the engine waits up to PULL_WAIT_S in all for pulls to end."""
+        fresh = wanted.difference(*(pull.job_ids for pull in self._pulls))
+        if fresh:
+            self._pulls.append(_Pull(self.grid, fresh))
+        until = time.monotonic() + PULL_WAIT_S
+        for pull in list(self._pulls):
+            if pull.over(until - time.monotonic()):
+                self._pulls.remove(pull)
+                yield from pull.messages()
 
     def _decode(self, message: Message, max_bytes: float) -> Reply:
         """A reply, decoded as its job was sent; a compressed job's download is counted on once

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, Error, Message
+from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from edgesched.config import RunConfig
@@ -456,6 +458,76 @@ def test_a_traced_device_is_online_from_when_the_gateway_can_send_it_work():
     fleet.views(time.time())  # answered: each device linked to its node
     assert all(spells and spells[-1][1] == math.inf for spells in trace.spells.values())
     assert set(trace.spells) == set(NODES.values())
+
+
+class LookedAtTelemetry(RecordingTelemetry):
+    """Counts the gateway's looks at its fleet once `counting` is set; `looked` after two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counting, self.looked, self.looks = threading.Event(), threading.Event(), 0
+
+    def snapshot(self):
+        if self.counting.is_set():
+            self.looks += 1
+            if self.looks >= 2:
+                self.looked.set()
+        return super().snapshot()
+
+
+class StalledPullGrid(LocalGrid):
+    """Node 303's link drops mid-upload of its first reply: the pull that reaches it stalls, as
+    Flower's does until the SuperLink's upload session expires (minutes), holding what it took,
+    then gives an error for it. Node 202's board dies at that moment (its Last Will: offline) with
+    its job unanswered. The stall ends once the gateway has looked at its fleet twice, or after
+    STALL_S; `ended_by` says which."""
+
+    STALL_S = 20.0
+
+    def __init__(self, nodes, telemetry: LookedAtTelemetry) -> None:
+        super().__init__(nodes)
+        self.telemetry = telemetry
+        self.stuck: Message | None = None
+        self.ended_by, self.ended_at = "", math.inf
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        ids = super().push_messages(messages)
+        for msg, msg_id in zip(messages, ids, strict=True):
+            node = msg.metadata.dst_node_id
+            if msg.metadata.message_type == "train" and node == 303 and self.stuck is None:
+                self.stuck = msg
+            if msg.metadata.message_type == "train" and node == 202:
+                del self._replies[msg_id]
+        return ids
+
+    def pull_messages(self, message_ids):
+        ids = list(message_ids)
+        stuck = self.stuck.metadata.message_id if self.stuck is not None else None
+        taken = list(super().pull_messages([i for i in ids if i != stuck]))
+        if stuck in ids and self._replies.pop(stuck, None) is not None:
+            self.telemetry.registry.ingest(topic("default", "pi5-b", "status"),
+                                           Status("pi5-b", "offline", 1).to_json(), time.time())
+            self.telemetry.counting.set()
+            self.ended_by = "looked at" if self.telemetry.looked.wait(self.STALL_S) else "timeout"
+            self.ended_at = time.time()
+            taken.append(Message(Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
+                                       reason="Reply message objects are unavailable"), reply_to=self.stuck))
+        return taken
+
+
+def test_a_pull_stalled_on_a_broken_upload_does_not_stop_the_gateway_watching_its_fleet():
+    """While Flower pulls a reply whose upload broke off, the gateway goes on looking at its fleet:
+    a board that dies meanwhile has its job written off then, not once the pull gives up."""
+    telemetry = LookedAtTelemetry()
+    grid = StalledPullGrid(NODE_CONFIGS, telemetry)
+    rounds = []
+    result = run_on_grid(grid, adaptive(rounds=3), lambda record, *_: rounds.append(record), telemetry)
+    assert grid.ended_by == "looked at"
+    lost = {e.device: e for e in result.decisions if isinstance(e, Lost)}
+    assert "offline" in lost["node-202"].reason and lost["node-202"].t < grid.ended_at
+    assert "unavailable" in lost["node-303"].reason
+    assert [r.round for r in rounds] == [1, 2, 3] and rounds[-1].accuracy > 0.5
 
 
 class ForgetfulGrid(LocalGrid):
