@@ -121,6 +121,7 @@ class SchedulerSettings:
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
     pace: str = "learned"  # when devices get work and the server steps: "stream", "rounds", or "learned" in the run
     matched_spans: bool = False  # learned pace: each pace judged over as long a span as the other's last block
+    match_max_loss: float = 1.0  # matched spans: only while the fleet loses less than this share of its jobs
     compression: str = "off"  # "adaptive" per job from the device's link, or a fixed width in bits
     max_transfer_share: float = 0.1  # adaptive: the widest update whose transfers stay within this share of a job
 
@@ -147,6 +148,8 @@ class SchedulerSettings:
                  self.large_update)
         _require(self.robust_aggregation in ROBUST, "robust-aggregation", f"must be one of {', '.join(ROBUST)}",
                  self.robust_aggregation)
+        _require(0 < self.match_max_loss <= 1, "match-max-loss", "must be in (0, 1] (1: always matched)",
+                 self.match_max_loss)
         _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
         _require(self.compression in COMPRESSION, "compression", f"must be one of {', '.join(COMPRESSION)}",
                  self.compression)

@@ -30,7 +30,8 @@
     `edgesched-no-hold`: a streamed device whose update waits for the step is sent again at once,
     as FedBuff does, instead of being held (`stream-hold = "never"`, edgesched.core.policies.edgesched);
     and `edgesched-priced` prices what a lost job costs in three places at once: the hold
-    (`stream-hold = "priced"`), each pace judged over matched spans, and `absence-stretch = 2`.
+    (`stream-hold = "priced"`), each pace judged over matched spans while the fleet loses under a
+    fifth of its jobs (`match-max-loss = 0.2`), and `absence-stretch = 2`.
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -75,7 +76,8 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-eager-rounds": lambda cfg: {"eager-rounds": True},
     "edgesched-step-fill": lambda cfg: {"step-fill": True},
     "edgesched-no-hold": lambda cfg: {"stream-hold": "never"},
-    "edgesched-priced": lambda cfg: {"stream-hold": "priced", "matched-spans": True, "absence-stretch": 2.0},
+    "edgesched-priced": lambda cfg: {"stream-hold": "priced", "matched-spans": True, "match-max-loss": 0.2,
+                                     "absence-stretch": 2.0},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

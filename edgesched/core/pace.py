@@ -16,7 +16,11 @@ is six steps: a slope over three was mostly noise, and the bandit only took turn
 `match_spans`, a block also lasts at least as long as the other pace's last six steps took (six
 rounds at the scheduler's deadline while rounds are untried). Six streamed steps can take a tenth
 of the time of six rounds: judged on a tenth of the span, streaming's slope carried far more
-noise, and the exploration spent most of the time on the slower pace (docs/scheduler.md). Old
+noise, and the exploration spent most of the time on the slower pace (docs/scheduler.md). Spans
+are matched only while the fleet loses less than `match_max_loss` of its jobs: where it loses
+more, a streamed block as long as six rounds commits a fleet of stale and lost updates to
+streaming for much of a run, and the blocks go back to six steps, judged the moment the loss
+rate passes the cap. Old
 blocks count less and less (`discount` per block): a pace that led while the model was young must
 prove itself again later. Every choice is returned with its reason for decisions.jsonl. No
 randomness: ties go to the earlier pace in the list, so a seed repeats.
@@ -48,13 +52,14 @@ class FixedPacer:
         self.pace = pace
         self._told = False
 
-    def choose(self, step: int, now: float, round_seconds: float = 0.0) -> tuple[Pace, str | None]:
+    def choose(self, step: int, now: float, round_seconds: float = 0.0,
+               loss_rate: float = 0.0) -> tuple[Pace, str | None]:
         """The pace of `step`, and why when it was chosen anew (None: unchanged)."""
         why = None if self._told else "fixed pace"
         self._told = True
         return self.pace, why
 
-    def observe(self, step: int, now: float, loss: float) -> None:
+    def observe(self, step: int, now: float, loss: float, loss_rate: float = 0.0) -> None:
         """A fixed pace learns nothing."""
 
 
@@ -64,6 +69,7 @@ class BanditConfig:
     discount: float = 0.8  # each block, every past block's weight is multiplied by this
     explore: float = 0.5  # width of the confidence bonus, in the rewards' own spread
     match_spans: bool = False  # a block lasts at least as long as the other paces' last block_steps steps
+    match_max_loss: float = 1.0  # ... while the fleet's per-job loss rate is below this
 
 
 @dataclass
@@ -95,16 +101,20 @@ class LearnedPacer:
         self._playing = False  # a block is under way, not yet judged
         self._block_start = 0.0
         self._round_seconds = 0.0  # how long a round would take, at the last choice
+        self._loss_rate = 0.0  # the fleet's per-job loss rate, at the last choice or step
         self._points: list[tuple[float, float]] = []  # (time, log loss): the step before the block, then its own
 
     @property
     def pace(self) -> Pace:
         return self.arms[self._current].pace
 
-    def choose(self, step: int, now: float, round_seconds: float = 0.0) -> tuple[Pace, str | None]:
+    def choose(self, step: int, now: float, round_seconds: float = 0.0,
+               loss_rate: float = 0.0) -> tuple[Pace, str | None]:
         """As FixedPacer's; `round_seconds`, how long a round would take now (the scheduler's
-        deadline), stands for the span of block_steps rounds while rounds have not been played."""
+        deadline), stands for the span of block_steps rounds while rounds have not been played;
+        `loss_rate`, the share of the fleet's jobs lost, decides whether spans are matched."""
         self._round_seconds = round_seconds
+        self._loss_rate = loss_rate
         if self._playing:
             return self.pace, None
         self._current, why = self._pick()
@@ -117,6 +127,8 @@ class LearnedPacer:
             why += f"; played for {n} steps and {n} deadlines ({span:.3g} s now)"
         elif span > 0:
             why += f"; played for {n} steps and at least {span:.3g} s"
+        elif self._losing_much():
+            why += f"; spans not matched: {loss_rate:.0%} of jobs lost"
         self._points = self._points[-1:]  # the block before ended where this one starts
         return self.pace, why
 
@@ -126,13 +138,18 @@ class LearnedPacer:
     def _min_span(self) -> float:
         """How long the block being played must last: the other paces' last block_steps steps
         (block_steps deadlines for rounds not yet played)."""
-        if not self.config.match_spans:
+        if not self.config.match_spans or self._losing_much():
             return 0.0
         n = self.config.block_steps
         return max((n * self._round_seconds if a.unplayed_rounds() else a.span for a in self._others()), default=0.0)
 
-    def observe(self, step: int, now: float, loss: float) -> None:
-        """The global loss after `step` (a step of the block being played)."""
+    def _losing_much(self) -> bool:
+        return self.config.match_spans and self._loss_rate >= self.config.match_max_loss
+
+    def observe(self, step: int, now: float, loss: float, loss_rate: float = 0.0) -> None:
+        """The global loss after `step` (a step of the block being played), and the fleet's
+        per-job loss rate then."""
+        self._loss_rate = loss_rate
         self._block_left -= 1
         self._points.append((now, math.log(max(loss, FLOOR)) if math.isfinite(loss) else math.inf))
         if self._block_left == 0:

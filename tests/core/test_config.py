@@ -34,6 +34,8 @@ def test_switches_take_booleans_or_their_words(value, expected):
         ({"local-epochs": 0}, "local-epochs"),
         ({"min-epochs": 3, "max-epochs": 2}, "min-epochs"),
         ({"min-deadline": 700}, "min-deadline"),
+        ({"match-max-loss": 0}, "match-max-loss"),
+        ({"match-max-loss": 1.5}, "match-max-loss"),
     ],
 )
 def test_bad_values_name_their_key(values, key):

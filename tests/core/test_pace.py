@@ -281,6 +281,24 @@ def test_a_block_of_quick_steps_lasts_as_long_as_the_slow_paces_block():
     assert why is not None and "at least" not in why
 
 
+def test_spans_are_matched_only_while_the_fleet_loses_little():
+    pacer = LearnedPacer(list(PACES.values()), BanditConfig(block_steps=3, match_spans=True, match_max_loss=0.2))
+    seconds = {"stream": 1.0, "rounds": 10.0}
+    played, now, reasons, loss_rate = [], 0.0, [], 0.1
+    while now < 50.0:
+        loss_rate = 0.3 if now >= 45.0 else 0.1  # from 45 s on, the fleet loses 30 % of its jobs
+        pace, why = pacer.choose(len(played) + 1, now, loss_rate=loss_rate)
+        played.append(pace.name)
+        reasons += [why] if why else []
+        now += seconds[pace.name]
+        pacer.observe(len(played), now, math.exp(-0.01 * now), loss_rate=loss_rate)
+    # stream 3 x 1 s, rounds 3 x 10 s, then a stream block matched to 30 s while 10 % are lost:
+    # it ends at the first step once 30 % are, at 46 s, not at 63 s
+    assert played[:19] == ["stream"] * 3 + ["rounds"] * 3 + ["stream"] * 13
+    assert "at least 30 s" in reasons[2] and reasons[3].endswith("; spans not matched: 30% of jobs lost")
+    assert len(set(played[19:22])) == 1 and reasons[4].endswith("spans not matched: 30% of jobs lost")  # 3 steps
+
+
 def test_matched_spans_give_a_faster_pace_of_quicker_noisier_steps_most_of_the_time():
     # Streaming makes the loss fall three times as fast per second, in steps ten times as short,
     # each step's loss as noisy as a round's. Judged over six quick steps, streaming has most of

@@ -93,7 +93,7 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
 
 def test_the_option_contenders_reach_the_scheduler_and_pace():
     """No reserve, early step, matched spans, absence, eager rounds, step fill and no hold: each sets its one knob;
-    priced sets its three."""
+    priced sets its three (matched spans capped by the loss rate)."""
     from edgesched.simulations.contenders import make_policy
 
     fleet = _fleet("lab-20")
@@ -105,15 +105,17 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
         scheduler = policy.scheduler
+        bandit = policy.pacer.config
         kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve, policy.early_step,
-                          policy.pacer.config.match_spans, scheduler.config.plan.absence_stretch, policy.eager_rounds,
+                          bandit.match_spans and bandit.match_max_loss, scheduler.config.plan.absence_stretch,
+                          policy.eager_rounds,
                           scheduler.config.step_fill, policy.stream_hold)
     assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False, False, "always"),
                     "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False, False, "always"),
                     "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False, False, "always"),
-                    "edgesched-matched-spans": (20.0, 20.0, False, True, 1.0, False, False, "always"),
+                    "edgesched-matched-spans": (20.0, 20.0, False, 1.0, 1.0, False, False, "always"),
                     "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False, "always"),
                     "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False, "always"),
                     "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True, "always"),
                     "edgesched-no-hold": (20.0, 20.0, False, False, 1.0, False, False, "never"),
-                    "edgesched-priced": (20.0, 20.0, False, True, 2.0, False, False, "priced")}
+                    "edgesched-priced": (20.0, 20.0, False, 0.2, 2.0, False, False, "priced")}

@@ -49,7 +49,8 @@ def pacer(s: SchedulerSettings) -> FixedPacer | LearnedPacer:
     """The pacer the run's `pace` setting names: one pace throughout, or a pace learned in the run."""
     if s.pace != "learned":
         return FixedPacer(PACES[s.pace])
-    return LearnedPacer(list(PACES.values()), BanditConfig(match_spans=s.matched_spans))
+    return LearnedPacer(list(PACES.values()),
+                        BanditConfig(match_spans=s.matched_spans, match_max_loss=s.match_max_loss))
 
 
 def scheduler_config(cfg: RunConfig) -> SchedulerConfig:

@@ -74,7 +74,7 @@ class EdgeschedPolicy:
         return self.scheduler.log
 
     def begin_step(self, step: int, now: float) -> None:
-        self.pace, why = self.pacer.choose(step, now, self.scheduler.deadline)
+        self.pace, why = self.pacer.choose(step, now, self.scheduler.deadline, self.scheduler.risk.fleet_rate())
         if why is not None:
             self.scheduler.log.append(Paced(now, step, self.pace.name, why))
         self.scheduler.start_round(step)
@@ -215,4 +215,4 @@ class EdgeschedPolicy:
 
     def after_step(self, step: int, now: float, loss: float) -> None:
         self.scheduler.after_round(step, now, loss)
-        self.pacer.observe(step, now, loss)
+        self.pacer.observe(step, now, loss, self.scheduler.risk.fleet_rate())
