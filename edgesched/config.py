@@ -150,7 +150,11 @@ class SchedulerSettings:
                  self.robust_aggregation)
         _require(0 < self.match_max_loss <= 1, "match-max-loss", "must be in (0, 1] (1: always matched)",
                  self.match_max_loss)
+        _require(self.matched_spans or self.match_max_loss == 1, "match-max-loss",
+                 "needs matched-spans = true (it caps them)", self.match_max_loss)
         _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
+        _require(self.pace == "learned" or not self.matched_spans, "matched-spans",
+                 'needs pace = "learned" (spans are the learned pace\'s)', self.matched_spans)
         _require(self.compression in COMPRESSION, "compression", f"must be one of {', '.join(COMPRESSION)}",
                  self.compression)
         _require(0 < self.max_transfer_share < 1, "max-transfer-share", "must be in (0, 1)", self.max_transfer_share)
