@@ -48,7 +48,7 @@ BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive schedule
 # variants send updates in fewer bits, chosen per job or fixed (docs/benchmarks.md).
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
-             "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-absence",
+             "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-no-absence",
              "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold", "edgesched-priced")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
@@ -99,7 +99,7 @@ class SchedulerSettings:
     discount, the concurrency cap (`max-overselect`) and the server step (`server-lr`)."""
 
     max_epochs: int = 2  # default: twice local-epochs, so fast devices do more than FedAvg
-    absence_stretch: float = 1.0  # max-epochs grows up to this x for the absence a lost job costs (1: never)
+    absence_stretch: float = 2.0  # max-epochs grows up to this x for the absence a lost job costs (1: never)
     min_epochs: float = 0.5
     deadline_quantile: float = 0.9
     max_staleness: int = 3

@@ -15,23 +15,23 @@
     `edgesched-no-equal-finish` (every device does exactly FedAvg's epochs, fast or slow),
     `edgesched-no-churn` (departures between jobs neither raise risk nor shorten jobs),
     `edgesched-no-reserve` (a phone's battery may be trained flat, as the baselines do: no 20 %
-    kept for its owner),
+    kept for its owner), `edgesched-no-absence` (a job that risks its device's absence carries no
+    more epochs than one that does not: `absence-stretch = 1`, edgesched.core.plan),
     or set its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
     pace over the planner, or `learned` in the run);
     `edgesched-early-step` adds one: a streamed step does not hold idle devices for an update
     that is far off (`early-step`, edgesched.core.policies.edgesched); so does
     `edgesched-matched-spans`: the learned pace judges each pace over as long a span as the
-    other's (`matched-spans`, edgesched.core.pace); and `edgesched-absence`: a job that risks
-    its device's absence carries up to twice the epochs (`absence-stretch`, edgesched.core.plan);
-    and `edgesched-eager-rounds`: a round does not wait for devices to come back online once
-    every device online is free (`eager-rounds`, edgesched.core.policies.edgesched); and
+    other's (`matched-spans`, edgesched.core.pace); and `edgesched-eager-rounds`: a round does
+    not wait for devices to come back online once every device online is free (`eager-rounds`,
+    edgesched.core.policies.edgesched); and
     `edgesched-step-fill`: a streamed job of a fast device trains on until the step it waits for
     is predicted instead of idling in the hold (`step-fill`, edgesched.core.scheduler); and
     `edgesched-no-hold`: a streamed device whose update waits for the step is sent again at once,
     as FedBuff does, instead of being held (`stream-hold = "never"`, edgesched.core.policies.edgesched);
-    and `edgesched-priced` prices what a lost job costs in three places at once: the hold
-    (`stream-hold = "priced"`), each pace judged over matched spans while the fleet loses under a
-    fifth of its jobs (`match-max-loss = 0.2`), and `absence-stretch = 2`.
+    and `edgesched-priced` prices what a lost job costs in two more places than the epochs' stretch
+    every edgesched job has: the hold (`stream-hold = "priced"`), and each pace judged over matched
+    spans while the fleet loses under a fifth of its jobs (`match-max-loss = 0.2`).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -72,12 +72,11 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     **{f"edgesched-pace-{name}": lambda cfg, name=name: {"pace": name} for name in PACE_CHOICES},
     "edgesched-early-step": lambda cfg: {"early-step": True},
     "edgesched-matched-spans": lambda cfg: {"matched-spans": True},
-    "edgesched-absence": lambda cfg: {"absence-stretch": 2.0},
+    "edgesched-no-absence": lambda cfg: {"absence-stretch": 1.0},
     "edgesched-eager-rounds": lambda cfg: {"eager-rounds": True},
     "edgesched-step-fill": lambda cfg: {"step-fill": True},
     "edgesched-no-hold": lambda cfg: {"stream-hold": "never"},
-    "edgesched-priced": lambda cfg: {"stream-hold": "priced", "matched-spans": True, "match-max-loss": 0.2,
-                                     "absence-stretch": 2.0},
+    "edgesched-priced": lambda cfg: {"stream-hold": "priced", "matched-spans": True, "match-max-loss": 0.2},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

@@ -92,15 +92,15 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
 
 
 def test_the_option_contenders_reach_the_scheduler_and_pace():
-    """No reserve, early step, matched spans, absence, eager rounds, step fill and no hold: each sets its one knob;
-    priced sets its three (matched spans capped by the loss rate)."""
+    """No reserve, no absence stretch, early step, matched spans, eager rounds, step fill and no hold: each sets
+    its one knob; priced sets its three (matched spans capped by the loss rate)."""
     from edgesched.simulations.contenders import make_policy
 
     fleet = _fleet("lab-20")
     sizes = [3000] * len(fleet.devices)
     kept = {}
     for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step", "edgesched-matched-spans",
-                     "edgesched-absence", "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold",
+                     "edgesched-no-absence", "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold",
                      "edgesched-priced"):
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
@@ -110,12 +110,12 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
                           bandit.match_spans and bandit.match_max_loss, scheduler.config.plan.absence_stretch,
                           policy.eager_rounds,
                           scheduler.config.step_fill, policy.stream_hold)
-    assert kept == {"edgesched": (20.0, 20.0, False, False, 1.0, False, False, "always"),
-                    "edgesched-no-reserve": (0.0, 0.0, False, False, 1.0, False, False, "always"),
-                    "edgesched-early-step": (20.0, 20.0, True, False, 1.0, False, False, "always"),
-                    "edgesched-matched-spans": (20.0, 20.0, False, 1.0, 1.0, False, False, "always"),
-                    "edgesched-absence": (20.0, 20.0, False, False, 2.0, False, False, "always"),
-                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 1.0, True, False, "always"),
-                    "edgesched-step-fill": (20.0, 20.0, False, False, 1.0, False, True, "always"),
-                    "edgesched-no-hold": (20.0, 20.0, False, False, 1.0, False, False, "never"),
+    assert kept == {"edgesched": (20.0, 20.0, False, False, 2.0, False, False, "always"),
+                    "edgesched-no-reserve": (0.0, 0.0, False, False, 2.0, False, False, "always"),
+                    "edgesched-early-step": (20.0, 20.0, True, False, 2.0, False, False, "always"),
+                    "edgesched-matched-spans": (20.0, 20.0, False, 1.0, 2.0, False, False, "always"),
+                    "edgesched-no-absence": (20.0, 20.0, False, False, 1.0, False, False, "always"),
+                    "edgesched-eager-rounds": (20.0, 20.0, False, False, 2.0, True, False, "always"),
+                    "edgesched-step-fill": (20.0, 20.0, False, False, 2.0, False, True, "always"),
+                    "edgesched-no-hold": (20.0, 20.0, False, False, 2.0, False, False, "never"),
                     "edgesched-priced": (20.0, 20.0, False, 0.2, 2.0, False, False, "priced")}
