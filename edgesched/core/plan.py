@@ -52,7 +52,7 @@ class PlanConfig:
     staleness_exponent: float = 0.5  # an update s rounds late counts (1 + s) ** -exponent
     fairness_rounds: float = 5.0  # a device idle this many rounds has its value doubled
     gateway_bytes_per_s: float = math.inf  # the gateway's link: a round moves at most this x its deadline
-    absence_stretch: float = 1.0  # the most the epoch cap grows for the absence a lost job costs (1: never)
+    absence_stretch: float = 2.0  # the most the epoch cap grows for the absence a lost job costs (1: never)
 
     def __post_init__(self) -> None:
         if self.target_updates < 1 or self.max_overselect < 1 or not 0 < self.min_epochs <= self.max_epochs \
