@@ -49,7 +49,8 @@ BASELINES = ("fedavg", "fedprox", "deadline", "fedbuff")  # no adaptive schedule
 ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-equal-finish", "edgesched-no-churn",
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
              "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-no-absence",
-             "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold", "edgesched-priced")
+             "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold", "edgesched-priced",
+             "edgesched-no-calm")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -107,7 +108,8 @@ class SchedulerSettings:
     min_deadline: float = 1.0
     max_overselect: float = 2.0
     min_round_share: float = 0.5  # after a deadline's wait, a round starts expecting this x clients-per-round
-    stream_hold: str = "always"  # streaming: a device whose update waits gets no job until the step; "priced", "never"
+    stream_hold: str = "priced"  # streaming: is a device whose update waits held? "always", "priced", "never"
+    priced_max_loss: float = 0.05  # priced hold: only while the fleet loses less than this share of its jobs
     early_step: bool = False  # streaming: step on min-round-share once the held devices could each do a job first
     step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
     eager_rounds: bool = False  # rounds: after a deadline's wait, start once every device online is free
@@ -120,8 +122,8 @@ class SchedulerSettings:
     large_update: str = "clip"  # or "refuse"
     robust_aggregation: str = "none"  # or "trimmed-mean", "median"
     pace: str = "learned"  # when devices get work and the server steps: "stream", "rounds", or "learned" in the run
-    matched_spans: bool = False  # learned pace: each pace judged over as long a span as the other's last block
-    match_max_loss: float = 1.0  # matched spans: only while the fleet loses less than this share of its jobs
+    matched_spans: bool = True  # learned pace: each pace judged over as long a span as the other's last block
+    match_max_loss: float = 0.05  # matched spans: only while the fleet loses less than this share of its jobs
     compression: str = "off"  # "adaptive" per job from the device's link, or a fixed width in bits
     max_transfer_share: float = 0.1  # adaptive: the widest update whose transfers stay within this share of a job
 
@@ -150,11 +152,9 @@ class SchedulerSettings:
                  self.robust_aggregation)
         _require(0 < self.match_max_loss <= 1, "match-max-loss", "must be in (0, 1] (1: always matched)",
                  self.match_max_loss)
-        _require(self.matched_spans or self.match_max_loss == 1, "match-max-loss",
-                 "needs matched-spans = true (it caps them)", self.match_max_loss)
+        _require(0 < self.priced_max_loss <= 1, "priced-max-loss", "must be in (0, 1] (1: always priced)",
+                 self.priced_max_loss)
         _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
-        _require(self.pace == "learned" or not self.matched_spans, "matched-spans",
-                 'needs pace = "learned" (spans are the learned pace\'s)', self.matched_spans)
         _require(self.compression in COMPRESSION, "compression", f"must be one of {', '.join(COMPRESSION)}",
                  self.compression)
         _require(0 < self.max_transfer_share < 1, "max-transfer-share", "must be in (0, 1)", self.max_transfer_share)

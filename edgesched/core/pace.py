@@ -128,7 +128,8 @@ class LearnedPacer:
         elif span > 0:
             why += f"; played for {n} steps and at least {span:.3g} s"
         elif self._losing_much():
-            why += f"; spans not matched: {loss_rate:.0%} of jobs lost"
+            cap = self.config.match_max_loss
+            why += f"; spans not matched while {loss_rate:.0%} of jobs are lost (matched under {cap:.0%})"
         self._points = self._points[-1:]  # the block before ended where this one starts
         return self.pace, why
 

@@ -36,8 +36,8 @@ def test_switches_take_booleans_or_their_words(value, expected):
         ({"min-deadline": 700}, "min-deadline"),
         ({"match-max-loss": 0}, "match-max-loss"),
         ({"match-max-loss": 1.5}, "match-max-loss"),
-        ({"match-max-loss": 0.2}, "match-max-loss.*needs matched-spans"),
-        ({"matched-spans": True, "pace": "stream"}, "matched-spans.*needs pace"),
+        ({"priced-max-loss": 0}, "priced-max-loss"),
+        ({"priced-max-loss": 1.5}, "priced-max-loss"),
     ],
 )
 def test_bad_values_name_their_key(values, key):

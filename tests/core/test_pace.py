@@ -33,10 +33,11 @@ def sends(transport: ScriptedTransport) -> list[tuple[float, str]]:
 
 def test_streaming_gives_a_free_device_work_at_once_and_steps_per_k_updates():
     # d0 and d1 are four times as fast as d2 and d3: streaming steps as soon as k = 2 updates are
-    # in, and sends the fast two again at once while the slow ones still train.
+    # in, and sends the fast two again at once while the slow ones still train (each after its
+    # step: held while its update waits, as stream-hold "always" holds it).
     seconds = {"d0": 1.0, "d1": 1.0, "d2": 4.0, "d3": 4.0}
     streamed = ScriptedTransport(StepClock(), seconds)
-    _, records = run(edgesched(2, "stream"), streamed, Fleet(4), steps=3)
+    _, records = run(edgesched(2, "stream", **{"stream-hold": "always"}), streamed, Fleet(4), steps=3)
     assert [(r.replied, r.virtual_seconds) for r, _ in records] == [(2, 1.0), (2, 2.0), (2, 3.0)]
     assert [t for t, d in sends(streamed) if d == "d0"] == [0.0, 1.0, 2.0]  # each time it is back
     assert [t for t, d in sends(streamed) if d == "d2"] == [0.0]
@@ -62,13 +63,18 @@ def test_without_the_hold_a_device_whose_update_waits_is_sent_again_at_once():
     assert [t for t, d in sends(transport) if d == "d0" and t < 2.0] == [0.0, 1.0]
 
 
-def priced_run(lost_before: int, k: int = 2) -> tuple[policies.EdgeschedPolicy, list, ScriptedTransport]:
-    """The fleet above (and a d3 as slow, for k = 3) with the hold priced, after `lost_before`
-    jobs lost at 0 s on other devices that have not come back (so a loss reads as costly: they
-    are all still away)."""
+def priced_run(lost_before: int, k: int = 2, delivered_before: int = 0,
+               max_loss: float = 1.0) -> tuple[policies.EdgeschedPolicy, list, ScriptedTransport]:
+    """The fleet above (and a d3 as slow, for k = 3) with the hold priced while the fleet loses
+    under `max_loss` of its jobs, after `delivered_before` jobs delivered and `lost_before` lost
+    at 0 s on other devices that have not come back (so a loss reads as costly: they are all
+    still away)."""
     cfg = RunConfig.from_mapping({"clients": k, "fraction-train": 1.0, "round-timeout": 600.0, "min-deadline": 10.0,
-                                  "strategy": "edgesched", "pace": "stream", "stream-hold": "priced"})
+                                  "strategy": "edgesched", "pace": "stream", "stream-hold": "priced",
+                                  "priced-max-loss": max_loss})
     risk = DropoutModel()
+    for i in range(delivered_before):
+        risk.note_job(f"done{i}", lost=False, now=0.0)
     for i in range(lost_before):
         risk.note_job(f"gone{i}", lost=True, now=0.0)
     policy = policies.edgesched(cfg, Predictor(4 * 10_000, {"pi": 0.001}), risk)
@@ -104,6 +110,19 @@ def test_a_priced_hold_keeps_a_waiting_device_once_a_loss_keeps_devices_away():
     assert (records[0][0].replied, records[0][0].virtual_seconds) == (3, 4.0)
     assert [t for t, d in sends(transport) if d == "d0"] == [0.0]
     assert not [d for d in policy.log if isinstance(d, Released)]
+
+
+def test_a_priced_hold_prices_only_while_the_fleet_loses_few_jobs():
+    # The default cap, 5 %: before any job has ended the risk model's prior reads 10 % of jobs
+    # lost, and d0 is held as with stream-hold "always"; after twenty delivered (2 %) it is sent
+    # again at 1 s, as above.
+    default_cap = RunConfig().scheduler.priced_max_loss
+    policy, _, transport = priced_run(lost_before=0, max_loss=default_cap)
+    assert [t for t, d in sends(transport) if d == "d0"] == [0.0]
+    assert not [d for d in policy.log if isinstance(d, Released)]
+    policy, _, transport = priced_run(lost_before=0, delivered_before=20, max_loss=default_cap)
+    assert [t for t, d in sends(transport) if d == "d0" and t < 2.0] == [0.0, 1.0]
+    assert [(r.t, r.device) for r in policy.log if isinstance(r, Released)][:1] == [(1.0, "d0")]
 
 
 def test_early_step_needs_the_hold():
@@ -172,7 +191,7 @@ def test_an_early_step_frees_held_devices_when_the_next_update_is_far_off():
         transport = ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 1.0, "d2": 12.0, "d3": 12.0})
         cfg = RunConfig.from_mapping({"clients": 4, "fraction-train": 1.0, "round-timeout": 600.0,
                                       "strategy": "edgesched", "pace": "stream", "min-deadline": 20.0,
-                                      "early-step": early})
+                                      "stream-hold": "always", "early-step": early})
         policy = policies.edgesched(cfg, Predictor(4 * 10_000, {"fast": 1 / 60, "slow": 12 / 60}))
         _, records = run(policy, transport, TwoBoards(4), steps=2)
         return (records[0][0].replied, records[0][0].virtual_seconds), [t for t, d in sends(transport) if d == "d0"]
@@ -295,8 +314,9 @@ def test_spans_are_matched_only_while_the_fleet_loses_little():
     # stream 3 x 1 s, rounds 3 x 10 s, then a stream block matched to 30 s while 10 % are lost:
     # it ends at the first step once 30 % are, at 46 s, not at 63 s
     assert played[:19] == ["stream"] * 3 + ["rounds"] * 3 + ["stream"] * 13
-    assert "at least 30 s" in reasons[2] and reasons[3].endswith("; spans not matched: 30% of jobs lost")
-    assert len(set(played[19:22])) == 1 and reasons[4].endswith("spans not matched: 30% of jobs lost")  # 3 steps
+    unmatched = "; spans not matched while 30% of jobs are lost (matched under 20%)"
+    assert "at least 30 s" in reasons[2] and reasons[3].endswith(unmatched)
+    assert len(set(played[19:22])) == 1 and reasons[4].endswith(unmatched)  # 3 steps
 
 
 def test_matched_spans_give_a_faster_pace_of_quicker_noisier_steps_most_of_the_time():

@@ -42,7 +42,7 @@ def edgesched(cfg: RunConfig, predictor: Predictor, risk: DropoutModel | None = 
     scheduler = Scheduler(scheduler_config(cfg), predictor, risk)
     return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share, pacer(cfg.scheduler),
                            early_step=cfg.scheduler.early_step, eager_rounds=cfg.scheduler.eager_rounds,
-                           stream_hold=cfg.scheduler.stream_hold)
+                           stream_hold=cfg.scheduler.stream_hold, priced_max_loss=cfg.scheduler.priced_max_loss)
 
 
 def pacer(s: SchedulerSettings) -> FixedPacer | LearnedPacer:

@@ -21,8 +21,9 @@ that may learn it in the run:
   start (equal finish, in continuous time). The server steps once `clients-per-round` updates
   are in (one per device, a device whose update waits for the step being held; with
   `stream_hold` "never" it is sent again at once, as FedBuff does, and may bring a second;
-  "priced", it is sent again once the wait for the step outweighs the absence its job risks,
-  at most once a step; never more than the devices online); at once when no job that could still count
+  "priced", while the fleet loses under `priced_max_loss` of its jobs, it is sent again once the
+  wait for the step outweighs the absence its job risks, at most once a step, and is held as
+  with "always" otherwise; never more than the devices online); at once when no job that could still count
   is out, so that no device waits for a step nobody else can bring; once two deadlines have
   passed since the last step, with `min_round_share` of them; with `early_step`, also with
   `min_round_share` of them as soon as the held devices could each do a whole job (at their
@@ -54,9 +55,11 @@ Pacer = FixedPacer | LearnedPacer
 
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float, pacer: Pacer,
-                 early_step: bool = False, eager_rounds: bool = False, stream_hold: str = "always") -> None:
+                 early_step: bool = False, eager_rounds: bool = False, stream_hold: str = "always",
+                 priced_max_loss: float = 1.0) -> None:
         self.scheduler = scheduler
         self.stream_hold = stream_hold
+        self.priced_max_loss = priced_max_loss
         self.early_step = early_step
         self.eager_rounds = eager_rounds
         self.round_timeout = round_timeout
@@ -128,17 +131,19 @@ class EdgeschedPolicy:
         """Streaming: work for the free devices now, up to the jobs in flight allowed. A device whose
         update waits for the step is held until it (`stream_hold`): a step is an average over
         devices, and a fast device sent again and again would fill it with its own data; priced,
-        it is held only while the absence its job risks outweighs the wait (`Scheduler.hold_prices`)."""
+        it is held only while the absence its job risks outweighs the wait (`Scheduler.hold_prices`),
+        and only while the fleet loses few jobs: where it loses many, a device sent again mostly
+        brings stale updates or none, and the hold is kept as "always" keeps it."""
         slots = self._concurrency() - len(jobs)
         if slots <= 0:
             return []
         released = {}
-        if self.stream_hold == "priced":
+        if self.stream_hold == "priced" and self.scheduler.risk.fleet_rate() < self.priced_max_loss:
             prices = self.scheduler.hold_prices(views, jobs.values(), now, self._step_size())
             released = {device: price for device, price in prices.items() if not price.holds}
             held = busy | (self.scheduler.waiting - released.keys())
         else:
-            held = busy | self.scheduler.waiting if self.stream_hold == "always" else busy
+            held = busy if self.stream_hold == "never" else busy | self.scheduler.waiting
         if all(v.device in held for v in views):
             return []
         per_window = max(1.0, self._concurrency() / self._step_size())
