@@ -19,19 +19,22 @@
     more epochs than one that does not: `absence-stretch = 1`, edgesched.core.plan),
     or set its pace: `edgesched-pace-NAME` (edgesched.core.pace: `rounds`, `stream`, FedBuff's
     pace over the planner, or `learned` in the run);
+    `edgesched-no-calm` is the default of before: a streamed device whose update waits for the
+    step is always held and the learned pace's blocks are six steps, however few jobs the fleet
+    loses (`stream-hold = "always"`, `matched-spans = false`); edgesched prices the hold and
+    matches spans while it loses under 5 %.
     `edgesched-early-step` adds one: a streamed step does not hold idle devices for an update
-    that is far off (`early-step`, edgesched.core.policies.edgesched); so does
-    `edgesched-matched-spans`: the learned pace judges each pace over as long a span as the
-    other's (`matched-spans`, edgesched.core.pace); and `edgesched-eager-rounds`: a round does
-    not wait for devices to come back online once every device online is free (`eager-rounds`,
-    edgesched.core.policies.edgesched); and
+    that is far off (`early-step`, edgesched.core.policies.edgesched; it needs the hold always);
+    `edgesched-matched-spans` holds always and judges each pace over as long a span as the
+    other's, whatever the loss rate (`match-max-loss = 1`, edgesched.core.pace);
+    `edgesched-eager-rounds`: a round does not wait for devices to come back online once every
+    device online is free (`eager-rounds`, edgesched.core.policies.edgesched);
     `edgesched-step-fill`: a streamed job of a fast device trains on until the step it waits for
-    is predicted instead of idling in the hold (`step-fill`, edgesched.core.scheduler); and
+    is predicted instead of idling in the hold (`step-fill`, edgesched.core.scheduler);
     `edgesched-no-hold`: a streamed device whose update waits for the step is sent again at once,
-    as FedBuff does, instead of being held (`stream-hold = "never"`, edgesched.core.policies.edgesched);
-    and `edgesched-priced` prices what a lost job costs in two more places than the epochs' stretch
-    every edgesched job has: the hold (`stream-hold = "priced"`), and each pace judged over matched
-    spans while the fleet loses under a fifth of its jobs (`match-max-loss = 0.2`).
+    as FedBuff does, and spans are six steps (`stream-hold = "never"`, `matched-spans = false`);
+    and `edgesched-priced` prices the hold however many jobs are lost (`priced-max-loss = 1`),
+    with spans matched while the fleet loses under a fifth of its jobs (`match-max-loss = 0.2`).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
