@@ -109,9 +109,9 @@ class _SafeUnpickler(pickle.Unpickler):
 MAGIC = b"edgesched-checkpoint 1\n"
 STATE_MODULES = frozenset({
     "edgesched.config", "edgesched.server.checkpoint", "edgesched.flower.nodes", "edgesched.trace",
-    *(f"edgesched.core.{m}" for m in ("agreement", "clock", "compress", "decisions", "downlink", "engine", "events",
-                                      "feedback", "fleet", "pace", "plan", "predict", "records", "registry", "risk",
-                                      "scheduler", "telemetry", "transport", "validate")),
+    *(f"edgesched.core.{m}" for m in ("aggregate", "agreement", "clock", "compress", "decisions", "downlink",
+                                      "engine", "events", "feedback", "fleet", "pace", "plan", "predict", "records",
+                                      "registry", "risk", "scheduler", "telemetry", "transport", "validate")),
     *(f"edgesched.core.policies.{m}" for m in ("edgesched", "fedavg", "fedbuff")),
     *(f"edgesched.simulations.{m}" for m in ("catalog", "checkpoint", "clock", "devices", "fleet", "heartbeats",
                                              "oracle", "transport")),
