@@ -68,8 +68,8 @@ class BanditConfig:
     block_steps: int = 6  # server steps played at one pace before it is judged
     discount: float = 0.8  # each block, every past block's weight is multiplied by this
     explore: float = 0.5  # width of the confidence bonus, in the rewards' own spread
-    match_spans: bool = False  # a block lasts at least as long as the other paces' last block_steps steps
-    match_max_loss: float = 1.0  # ... while the fleet's per-job loss rate is below this
+    match_spans: bool = True  # a block lasts at least as long as the other paces' last block_steps steps
+    match_max_loss: float = 0.05  # ... while the fleet's per-job loss rate is below this
 
 
 @dataclass

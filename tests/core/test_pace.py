@@ -20,6 +20,8 @@ from edgesched.errors import ConfigError
 from .fakes import Fleet, ScriptedTransport, StepClock, run
 from .heartbeats import heartbeat
 
+PLAIN = BanditConfig(match_spans=False)  # blocks of six steps, however long they take
+
 
 def edgesched(k: int, pace: str, **over) -> policies.EdgeschedPolicy:
     cfg = RunConfig.from_mapping({"clients": k, "fraction-train": 1.0, "round-timeout": 600.0,
@@ -231,17 +233,19 @@ def play(pacer: LearnedPacer, rate: dict[str, float], steps: int, noise: float =
 def test_the_learned_pace_tries_each_then_mostly_plays_the_fastest():
     paces = list(PACES.values())
     rate = {"rounds": 0.01, "stream": 0.03}
-    played = play(LearnedPacer(paces, BanditConfig(block_steps=3)), rate, steps=90, noise=0.005)
+    played = play(LearnedPacer(paces, BanditConfig(block_steps=3, match_spans=False)), rate, steps=90,
+                  noise=0.005)
     assert played[:6] == ["stream"] * 3 + ["rounds"] * 3  # each once, in order
     assert played[6:].count("stream") > 0.7 * len(played[6:])
     rate = {"rounds": 0.03, "stream": 0.01}  # and the other way round
-    played = play(LearnedPacer(paces, BanditConfig(block_steps=3)), rate, steps=90, noise=0.005)
+    played = play(LearnedPacer(paces, BanditConfig(block_steps=3, match_spans=False)), rate, steps=90,
+                  noise=0.005)
     assert played[6:].count("rounds") > 0.7 * len(played[6:])
 
 
 def test_the_learned_pace_follows_a_fleet_that_changes():
     # Rounds are best for the first 60 steps, then streaming: discounting lets it switch.
-    pacer = LearnedPacer([PACES["rounds"], PACES["stream"]], BanditConfig(block_steps=3))
+    pacer = LearnedPacer([PACES["rounds"], PACES["stream"]], BanditConfig(block_steps=3, match_spans=False))
     first = play(pacer, {"rounds": 0.03, "stream": 0.01}, steps=60)
     later = play(pacer, {"rounds": 0.01, "stream": 0.03}, steps=60)
     assert first[30:].count("rounds") > 20 and later[30:].count("stream") > 20
@@ -250,9 +254,9 @@ def test_the_learned_pace_follows_a_fleet_that_changes():
 def test_the_learned_pace_repeats_and_says_why():
     paces = list(PACES.values())
     rate = {"rounds": 0.01, "stream": 0.03}
-    runs = [play(LearnedPacer(paces), rate, steps=40, noise=0.01, seed=3) for _ in range(2)]
+    runs = [play(LearnedPacer(paces, PLAIN), rate, steps=40, noise=0.01, seed=3) for _ in range(2)]
     assert runs[0] == runs[1]
-    pacer = LearnedPacer(paces)
+    pacer = LearnedPacer(paces, PLAIN)
     play(pacer, rate, steps=12)
     _, why = pacer.choose(13, 12.0)
     assert why is not None and "highest bound" in why and "stream" in why and "rounds" in why
@@ -260,7 +264,7 @@ def test_the_learned_pace_repeats_and_says_why():
 
 def test_a_pace_that_blows_the_loss_up_is_scored_worst():
     paces = [Pace("calm", hold=False), Pace("wild", hold=True)]
-    pacer = LearnedPacer(paces, BanditConfig(block_steps=1))
+    pacer = LearnedPacer(paces, BanditConfig(block_steps=1, match_spans=False))
     pacer.choose(1, 0.0)
     pacer.observe(1, 1.0, 0.5)
     pacer.choose(2, 1.0)

@@ -55,8 +55,8 @@ Pacer = FixedPacer | LearnedPacer
 
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float, pacer: Pacer,
-                 early_step: bool = False, eager_rounds: bool = False, stream_hold: str = "always",
-                 priced_max_loss: float = 1.0) -> None:
+                 early_step: bool = False, eager_rounds: bool = False, stream_hold: str = "priced",
+                 priced_max_loss: float = 0.05) -> None:
         self.scheduler = scheduler
         self.stream_hold = stream_hold
         self.priced_max_loss = priced_max_loss
