@@ -32,13 +32,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from statistics import mean, pstdev
+from statistics import mean, pstdev, stdev
 from typing import Any
 
 from edgesched.config import BASELINES, ENGINES, STRATEGIES
@@ -138,7 +139,9 @@ def _spread(values: list[float], fmt: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: per (fleet, dropout) one table, a line per contender; then the goals, cell by cell."""
-    out, goals = [], []
+    out: list[str] = []
+    goals: list[str] = []
+    paired: list[str] = []
     for fleet, dropout in sorted({(r["fleet"], r["dropout"]) for r in rows}):
         everything = [r for r in rows if r["fleet"] == fleet and r["dropout"] == dropout]
         commits = sorted({r.get("commit", "unknown") for r in everything})
@@ -175,13 +178,21 @@ def table(rows: list[dict[str, Any]]) -> str:
         out.append("")
         if any(r["strategy"] == "edgesched" for r in group) and any(r["strategy"] in OTHERS for r in group):
             goals.append(_goal_line(fleet, dropout, group, goal_targets))
+            paired.append(_paired_line(fleet, dropout, group, goal_targets))
     if goals:
         out += ["### Goals, cell by cell: edgesched against the best other contender", "",
                 f"Other contenders: {', '.join(OTHERS)}. A time is a mean over the cell's seeds, formed only "
                 "when every seed reached the target; ratios above 1 mean edgesched is faster.", "",
                 f"| cell | to the lower target ({100 * EASIER:.0f} points under) | to the target "
                 "| target reached on every seed any contender did | at the budget, against the best other "
-                "| against fedavg |", "|---" * 6 + "|", *goals, ""]
+                "| against fedavg |", "|---" * 6 + "|", *goals, "",
+                "Seed by seed, against the same contender (the best other by its mean): edgesched's time "
+                "minus its, over the seeds both reached the target, and edgesched's accuracy at the budget "
+                "minus its; mean ± standard error of the differences, and on how many of those seeds "
+                "edgesched was ahead. A difference within about two standard errors of zero is one these "
+                "seeds cannot tell from noise.", "",
+                "| cell | to the lower target, s | to the target, s | at the budget, pp |", "|---" * 4 + "|",
+                *paired, ""]
     return "\n".join(out)
 
 
@@ -226,11 +237,51 @@ def _goal_line(fleet: str, dropout: float, group: list[dict[str, Any]], goal_tar
     return f"| {fleet}, {dropout:.0%} | {speed[0]} | {speed[1]} | {everywhere} | {vs_best} | {vs_fedavg} |"
 
 
+def _paired_line(fleet: str, dropout: float, group: list[dict[str, Any]],
+                 goal_targets: tuple[float, float]) -> str:
+    """The goals' comparisons seed by seed, against the contender each goal names."""
+    cells = []
+    for target in goal_targets:
+        key = _key(target)
+        means = {s: t for s in OTHERS if (t := _mean_ttt(group, s, key)) is not None}
+        best = min(means, key=lambda s: means[s]) if means else None
+        cells.append(_paired(group, best, lambda r, key=key: r["reached"][key], "s", lower_is_ahead=True))
+    accuracies = {s: a for s in OTHERS if (a := _mean_accuracy(group, s)) is not None}
+    best = max(accuracies, key=lambda s: accuracies[s]) if accuracies else None
+    cells.append(_paired(group, best, _budget_points, "pp"))
+    return f"| {fleet}, {dropout:.0%} | {' | '.join(cells)} |"
+
+
+def _paired(group: list[dict[str, Any]], other: str | None, value: Any, unit: str,
+            lower_is_ahead: bool = False) -> str:
+    """edgesched's `value` minus `other`'s on each seed both have one for: mean ± standard error,
+    and on how many seeds edgesched is ahead."""
+    if other is None:
+        return "—"
+    mine = {r["seed"]: value(r) for r in group if r["strategy"] == "edgesched"}
+    theirs = {r["seed"]: value(r) for r in group if r["strategy"] == other}
+    diffs = [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())
+             if mine[s] is not None and theirs[s] is not None]
+    if not diffs:
+        return f"— ({other}: no seed in common)"
+    ahead = sum(d < 0 if lower_is_ahead else d > 0 for d in diffs)
+    error = f" ± {stdev(diffs) / math.sqrt(len(diffs)):.2f}" if len(diffs) > 1 else ""
+    return f"{mean(diffs):+.2f}{error} {unit} ({other}; ahead on {ahead} of {len(diffs)})"
+
+
+def _budget_accuracy(r: dict[str, Any]) -> float | None:
+    return accuracy_at(r["curve"], r["time_budget_s"]) if r.get("time_budget_s") else None
+
+
+def _budget_points(r: dict[str, Any]) -> float | None:
+    accuracy = _budget_accuracy(r)
+    return None if accuracy is None else 100 * accuracy
+
+
 def _mean_accuracy(group: list[dict[str, Any]], strategy: str) -> float | None:
     """A contender's mean accuracy at the time budget (None: not in the cell, or no budget)."""
-    runs = [r for r in group if r["strategy"] == strategy]
-    values = [accuracy_at(r["curve"], r["time_budget_s"]) if r.get("time_budget_s") else None for r in runs]
-    return mean(v for v in values if v is not None) if runs and None not in values else None
+    values = [_budget_accuracy(r) for r in group if r["strategy"] == strategy]
+    return mean(v for v in values if v is not None) if values and None not in values else None
 
 
 def _common_seeds(group: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
