@@ -10,7 +10,7 @@ target — as mean ± standard deviation over the seeds that reached it, with th
 mean time over its own; its accuracy at a quarter, half and all of the budget; the share of its
 jobs lost, the median error of its predicted job times, its server steps, compute
 (device-seconds, the energy proxy), traffic and real seconds. Under the tables, the goals cell by
-cell: edgesched against the best baseline.
+cell: edgesched against the best baseline, by the means and seed by seed.
 
 Run folders are scratch; `--docs` keeps what the table needs. It merges every finished run under
 `--out` into docs/contenders-runs.jsonl (one line per fleet, dropout, contender and seed: the
@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from statistics import mean, pstdev, stdev
@@ -213,13 +214,13 @@ def _goal_line(fleet: str, dropout: float, group: list[dict[str, Any]], goal_tar
     speed = []
     for target in goal_targets:
         mine = _mean_ttt(group, "edgesched", _key(target))
-        best = min(((t, s) for s in OTHERS if (t := _mean_ttt(group, s, _key(target))) is not None), default=None)
+        best = _fastest_other(group, _key(target))
         if mine is None:
             speed.append("no mean (not every seed)")
         elif best is None:
             speed.append("only edgesched on every seed")
         else:
-            speed.append(f"{best[0] / mine:.2f}x {best[1]} ({mine:.0f} s against {best[0]:.0f} s)")
+            speed.append(f"{best[1] / mine:.2f}x {best[0]} ({mine:.0f} s against {best[1]:.0f} s)")
     key = _key(goal_targets[1])
     anyone = {r["seed"] for r in group if r["strategy"] in OTHERS and r["reached"][key] is not None}
     mine_seeds = {r["seed"] for r in group if r["strategy"] == "edgesched" and r["reached"][key] is not None}
@@ -243,17 +244,23 @@ def _paired_line(fleet: str, dropout: float, group: list[dict[str, Any]],
     cells = []
     for target in goal_targets:
         key = _key(target)
-        means = {s: t for s in OTHERS if (t := _mean_ttt(group, s, key)) is not None}
-        best = min(means, key=lambda s: means[s]) if means else None
-        cells.append(_paired(group, best, lambda r, key=key: r["reached"][key], "s", lower_is_ahead=True))
+        fastest = _fastest_other(group, key)
+        cells.append(_paired(group, fastest and fastest[0], lambda r, key=key: r["reached"][key], "s",
+                             lower_is_ahead=True))
     accuracies = {s: a for s in OTHERS if (a := _mean_accuracy(group, s)) is not None}
     best = max(accuracies, key=lambda s: accuracies[s]) if accuracies else None
     cells.append(_paired(group, best, _budget_points, "pp"))
     return f"| {fleet}, {dropout:.0%} | {' | '.join(cells)} |"
 
 
-def _paired(group: list[dict[str, Any]], other: str | None, value: Any, unit: str,
-            lower_is_ahead: bool = False) -> str:
+def _fastest_other(group: list[dict[str, Any]], key: str) -> tuple[str, float] | None:
+    """The other contender with the lowest mean time to a target, and that time (None: none has one)."""
+    return min(((s, t) for s in OTHERS if (t := _mean_ttt(group, s, key)) is not None),
+               key=lambda st: (st[1], st[0]), default=None)
+
+
+def _paired(group: list[dict[str, Any]], other: str | None, value: Callable[[dict[str, Any]], float | None],
+            unit: str, lower_is_ahead: bool = False) -> str:
     """edgesched's `value` minus `other`'s on each seed both have one for: mean ± standard error,
     and on how many seeds edgesched is ahead."""
     if other is None:
