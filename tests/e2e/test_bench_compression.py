@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.compression import held_accuracy
+from benchmarks.compression import held_accuracy, sustained_from
 
 
 def test_each_model_counts_for_as_long_as_it_was_the_global_one() -> None:
@@ -24,3 +24,11 @@ def test_one_late_dip_moves_the_held_accuracy_by_its_share_of_the_time() -> None
 def test_no_step_in_the_window_gives_no_figure() -> None:
     assert math.isnan(held_accuracy([], 0.0, 10.0))
     assert math.isnan(held_accuracy([(12.0, 0.9)], 0.0, 10.0))
+
+
+def test_a_spike_past_the_target_is_not_the_model_staying_there() -> None:
+    curve = [(10.0, 0.86), (20.0, 0.80), (30.0, 0.85), (40.0, 0.87), (50.0, 0.84), (60.0, 0.85),
+             (70.0, 0.86), (80.0, 0.88)]
+    assert sustained_from(curve, 0.85) == 60.0  # 10 s and 30 s were crossings that fell back
+    assert sustained_from(curve, 0.85, steps=1) == 10.0
+    assert sustained_from(curve, 0.9) is None
