@@ -96,8 +96,7 @@ def sustained_from(curve: list[tuple[float, float]], target: float, steps: int =
 
 
 def _sustained_times(runs: list[dict[str, Any]]) -> str:
-    times = [sustained_from(r["curve"], r["target_accuracy"]) for r in runs]
-    return " / ".join("—" if t is None else f"{t:.0f}" for t in times)
+    return _seed_times([sustained_from(r["curve"], r["target_accuracy"]) for r in runs])
 
 
 def _held_last_quarter(run: dict[str, Any]) -> float:
@@ -111,7 +110,11 @@ def _strategies(group: list[dict[str, Any]]) -> list[str]:
 
 
 def _times(runs: list[dict[str, Any]], key: str) -> str:
-    times = [r["reached"][key] for r in runs]
+    return _seed_times([r["reached"][key] for r in runs])
+
+
+def _seed_times(times: list[float | None]) -> str:
+    """Seed by seed, in seed order; "—" a seed that never got there, "(none)" after them if none did."""
     reached = [t for t in times if t is not None]
     return " / ".join("—" if t is None else f"{t:.0f}" for t in times) + ("" if reached else " (none)")
 

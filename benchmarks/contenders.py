@@ -226,15 +226,13 @@ def _goal_line(fleet: str, dropout: float, group: list[dict[str, Any]], goal_tar
     mine_seeds = {r["seed"] for r in group if r["strategy"] == "edgesched" and r["reached"][key] is not None}
     missed = sorted(anyone - mine_seeds)
     everywhere = "yes" if not missed else f"no: seed {', '.join(map(str, missed))}"
-    at_budget = {s: _mean_accuracy(group, s) for s in ("edgesched", *OTHERS)}
-    others = {s: a for s, a in at_budget.items() if s != "edgesched" and a is not None}
-    mine_acc = at_budget["edgesched"]
-    if mine_acc is None or not others:
+    mine_acc, best_acc = _mean_accuracy(group, "edgesched"), _most_accurate_other(group)
+    if mine_acc is None or best_acc is None:
         vs_best = vs_fedavg = "—"
     else:
-        best_name = max(others, key=lambda s: others[s])
-        vs_best = f"{100 * (mine_acc - others[best_name]):+.2f} pp ({best_name})"
-        vs_fedavg = f"{100 * (mine_acc - others['fedavg']):+.2f} pp" if "fedavg" in others else "—"
+        vs_best = f"{100 * (mine_acc - best_acc[1]):+.2f} pp ({best_acc[0]})"
+        fedavg = _mean_accuracy(group, "fedavg") if "fedavg" in OTHERS else None
+        vs_fedavg = f"{100 * (mine_acc - fedavg):+.2f} pp" if fedavg is not None else "—"
     return f"| {fleet}, {dropout:.0%} | {speed[0]} | {speed[1]} | {everywhere} | {vs_best} | {vs_fedavg} |"
 
 
@@ -247,9 +245,8 @@ def _paired_line(fleet: str, dropout: float, group: list[dict[str, Any]],
         fastest = _fastest_other(group, key)
         cells.append(_paired(group, fastest and fastest[0], lambda r, key=key: r["reached"][key], "s",
                              lower_is_ahead=True))
-    accuracies = {s: a for s in OTHERS if (a := _mean_accuracy(group, s)) is not None}
-    best = max(accuracies, key=lambda s: accuracies[s]) if accuracies else None
-    cells.append(_paired(group, best, _budget_points, "pp"))
+    most_accurate = _most_accurate_other(group)
+    cells.append(_paired(group, most_accurate and most_accurate[0], _budget_points, "pp"))
     return f"| {fleet}, {dropout:.0%} | {' | '.join(cells)} |"
 
 
@@ -257,6 +254,13 @@ def _fastest_other(group: list[dict[str, Any]], key: str) -> tuple[str, float] |
     """The other contender with the lowest mean time to a target, and that time (None: none has one)."""
     return min(((s, t) for s in OTHERS if (t := _mean_ttt(group, s, key)) is not None),
                key=lambda st: (st[1], st[0]), default=None)
+
+
+def _most_accurate_other(group: list[dict[str, Any]]) -> tuple[str, float] | None:
+    """The other contender with the highest mean accuracy at the budget, and that accuracy (None: none has one;
+    a tie goes to the first in OTHERS)."""
+    return max(((s, a) for s in OTHERS if (a := _mean_accuracy(group, s)) is not None),
+               key=lambda sa: sa[1], default=None)
 
 
 def _paired(group: list[dict[str, Any]], other: str | None, value: Callable[[dict[str, Any]], float | None],
