@@ -233,19 +233,19 @@ def play(pacer: LearnedPacer, rate: dict[str, float], steps: int, noise: float =
 def test_the_learned_pace_tries_each_then_mostly_plays_the_fastest():
     paces = list(PACES.values())
     rate = {"rounds": 0.01, "stream": 0.03}
-    played = play(LearnedPacer(paces, BanditConfig(block_steps=3, match_spans=False)), rate, steps=90,
+    played = play(LearnedPacer(paces, replace(PLAIN, block_steps=3)), rate, steps=90,
                   noise=0.005)
     assert played[:6] == ["stream"] * 3 + ["rounds"] * 3  # each once, in order
     assert played[6:].count("stream") > 0.7 * len(played[6:])
     rate = {"rounds": 0.03, "stream": 0.01}  # and the other way round
-    played = play(LearnedPacer(paces, BanditConfig(block_steps=3, match_spans=False)), rate, steps=90,
+    played = play(LearnedPacer(paces, replace(PLAIN, block_steps=3)), rate, steps=90,
                   noise=0.005)
     assert played[6:].count("rounds") > 0.7 * len(played[6:])
 
 
 def test_the_learned_pace_follows_a_fleet_that_changes():
     # Rounds are best for the first 60 steps, then streaming: discounting lets it switch.
-    pacer = LearnedPacer([PACES["rounds"], PACES["stream"]], BanditConfig(block_steps=3, match_spans=False))
+    pacer = LearnedPacer([PACES["rounds"], PACES["stream"]], replace(PLAIN, block_steps=3))
     first = play(pacer, {"rounds": 0.03, "stream": 0.01}, steps=60)
     later = play(pacer, {"rounds": 0.01, "stream": 0.03}, steps=60)
     assert first[30:].count("rounds") > 20 and later[30:].count("stream") > 20
@@ -264,7 +264,7 @@ def test_the_learned_pace_repeats_and_says_why():
 
 def test_a_pace_that_blows_the_loss_up_is_scored_worst():
     paces = [Pace("calm", hold=False), Pace("wild", hold=True)]
-    pacer = LearnedPacer(paces, BanditConfig(block_steps=1, match_spans=False))
+    pacer = LearnedPacer(paces, replace(PLAIN, block_steps=1))
     pacer.choose(1, 0.0)
     pacer.observe(1, 1.0, 0.5)
     pacer.choose(2, 1.0)
@@ -298,7 +298,7 @@ def test_a_block_of_quick_steps_lasts_as_long_as_the_slow_paces_block():
     assert {a.pace.name: a.span for a in pacer.arms} == {"stream": 3.0, "rounds": 30.0}
     _, why = pacer.choose(37, 63.0)
     assert why is not None and "at least 30 s" in why
-    unmatched = LearnedPacer(list(PACES.values()), BanditConfig(block_steps=3, match_spans=False))
+    unmatched = LearnedPacer(list(PACES.values()), replace(PLAIN, block_steps=3))
     play_timed(unmatched, {"stream": 0.01, "rounds": 0.01}, {"stream": 1.0, "rounds": 10.0}, until=33.0, noise=0.0)
     _, why = unmatched.choose(7, 33.0)  # six steps played in two blocks: a new block
     assert why is not None and "at least" not in why
