@@ -22,7 +22,8 @@ more, a streamed block as long as six rounds commits a fleet of stale and lost u
 streaming for much of a run, and the blocks go back to six steps, judged the moment the loss
 rate passes the cap. Old
 blocks count less and less (`discount` per block): a pace that led while the model was young must
-prove itself again later. Every choice is returned with its reason for decisions.jsonl. No
+prove itself again later; the confidence bonus's scale, the rewards' spread, is discounted alike
+(see `_spread`). Every choice is returned with its reason for decisions.jsonl. No
 randomness: ties go to the earlier pace in the list, so a seed repeats.
 """
 
@@ -174,7 +175,7 @@ class LearnedPacer:
         untried = [i for i, a in enumerate(self.arms) if a.weight == 0]
         if untried:
             return untried[0], f"trying each pace once: {self.arms[untried[0]].pace.name} not yet played"
-        spread = _spread(self.rewards)
+        spread = _spread(self.rewards, self.config.discount)
         played = sum(a.weight for a in self.arms)
         scores = [a.mean() + self.config.explore * spread * math.sqrt(2 * math.log(max(played, 1.0)) / a.weight)
                   for a in self.arms]
@@ -200,12 +201,15 @@ def fall_rate(points: Sequence[tuple[float, float]]) -> float:
     return -sum((t - mt) * (y - my) for t, y in points) / var
 
 
-def _spread(rewards: Sequence[float]) -> float:
+def _spread(rewards: Sequence[float], discount: float = 1.0) -> float:
     """The scale of the confidence bonus: the rewards' standard deviation (their mean size while
-    there are too few of them to spread)."""
-    finite = [r for r in rewards if math.isfinite(r)]
+    there are too few of them to spread), each weighted as its block is, by `discount` per block
+    since: the loss falls ever slower as the model learns, and the spread of the opening's rewards
+    would make every late difference look like noise worth exploring."""
+    finite = [(discount ** age, r) for age, r in enumerate(reversed(rewards)) if math.isfinite(r)]
     if not finite:
         return 1.0
-    mean = sum(finite) / len(finite)
-    sd = math.sqrt(sum((r - mean) ** 2 for r in finite) / len(finite))
+    total = sum(w for w, _ in finite)
+    mean = sum(w * r for w, r in finite) / total
+    sd = math.sqrt(sum(w * (r - mean) ** 2 for w, r in finite) / total)
     return sd if sd > 0 else max(abs(mean), 1e-9)

@@ -251,6 +251,22 @@ def test_the_learned_pace_follows_a_fleet_that_changes():
     assert first[30:].count("rounds") > 20 and later[30:].count("stream") > 20
 
 
+def test_exploration_shrinks_with_the_rewards_as_the_model_learns():
+    # The opening's loss falls ten times faster than the later loss. Late on, streaming makes the
+    # loss rise; the bonus is scaled by the recent blocks' spread, not the opening's, so streaming
+    # is tried again only now and then: here in under a tenth of the last 120 steps (with the
+    # opening's spread, over a third).
+    pacer = LearnedPacer([PACES["stream"], PACES["rounds"]], BanditConfig(match_spans=False))
+    log_loss, played = 0.0, []
+    for step in range(1, 301):
+        pace, _ = pacer.choose(step, float(step - 1))
+        log_loss -= {"rounds": 0.3, "stream": 0.1}[pace.name] if step <= 60 else \
+            {"rounds": 0.01, "stream": -0.01}[pace.name]
+        pacer.observe(step, float(step), math.exp(log_loss))
+        played.append(pace.name)
+    assert played[180:].count("stream") < 12
+
+
 def test_the_learned_pace_repeats_and_says_why():
     paces = list(PACES.values())
     rate = {"rounds": 0.01, "stream": 0.03}
