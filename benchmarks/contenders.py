@@ -231,7 +231,7 @@ def _goal_line(fleet: str, dropout: float, group: list[dict[str, Any]], goal_tar
         vs_best = vs_fedavg = "—"
     else:
         vs_best = f"{100 * (mine_acc - best_acc[1]):+.2f} pp ({best_acc[0]})"
-        fedavg = _mean_accuracy(group, "fedavg") if "fedavg" in OTHERS else None
+        fedavg = _mean_accuracy(group, "fedavg")
         vs_fedavg = f"{100 * (mine_acc - fedavg):+.2f} pp" if fedavg is not None else "—"
     return f"| {fleet}, {dropout:.0%} | {speed[0]} | {speed[1]} | {everywhere} | {vs_best} | {vs_fedavg} |"
 
