@@ -34,7 +34,10 @@
     `edgesched-no-hold`: a streamed device whose update waits for the step is sent again at once,
     as FedBuff does, and spans are six steps (`stream-hold = "never"`, `matched-spans = false`);
     and `edgesched-priced` prices the hold however many jobs are lost (`priced-max-loss = 1`),
-    with spans matched while the fleet loses under a fifth of its jobs (`match-max-loss = 0.2`).
+    with spans matched while the fleet loses under a fifth of its jobs (`match-max-loss = 0.2`);
+    `edgesched-paced-staleness`: streamed staleness bounds at the pace the steps come, and a step
+    of late updates moving the model less (`paced-staleness`, edgesched.core.policies.edgesched
+    and edgesched.core.aggregate.staleness_damping).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -81,6 +84,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-hold": lambda cfg: {"stream-hold": "never", "matched-spans": False},
     "edgesched-priced": lambda cfg: {"priced-max-loss": 1.0, "match-max-loss": 0.2},
     "edgesched-no-calm": lambda cfg: {"stream-hold": "always", "matched-spans": False},
+    "edgesched-paced-staleness": lambda cfg: {"paced-staleness": True},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

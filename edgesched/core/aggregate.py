@@ -86,6 +86,21 @@ def fednova_shares(updates: Sequence[Update], exponent: float) -> np.ndarray | N
     return shares
 
 
+def staleness_damping(updates: Sequence[Update], exponent: float) -> float:
+    """How far a step on `updates` is taken: their staleness discounts' mean, weighted by data size.
+
+    fednova's shares weigh a late update against the others only, so a step made of late updates
+    alone moved the model as far as one of fresh ones. Streamed, nearly every update is a few
+    steps late, and full steps from the models of a few steps back made the model swing by points
+    from one step to the next. Scaled by this, a step of late updates moves the model less, as
+    FedBuff's does (its deltas' discounts sum to less than one); a step of fresh ones is 1 exactly.
+    """
+    samples = sum(u.samples for u in updates)
+    if samples <= 0:
+        return 1.0
+    return sum(u.samples * staleness_weight(u.staleness, exponent) for u in updates) / samples
+
+
 def fednova(updates: Sequence[Update], momentum: float, exponent: float,
             robust: str = "none", trim: float = 0.2) -> tuple[list[np.ndarray], float]:
     """The server's step from buffered updates, normalised for unequal local work (FedNova).

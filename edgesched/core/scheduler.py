@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from edgesched.core.aggregate import Update, apply_step, fednova
+from edgesched.core.aggregate import Update, apply_step, fednova, staleness_damping
 from edgesched.core.agreement import Agreement, spread
 from edgesched.core.compress import choose_bits, transfer_ratio
 from edgesched.core.decisions import (
@@ -72,6 +72,8 @@ class SchedulerConfig:
     momentum: float = 0.0
     battery_reserve: float = 20.0  # percent an unplugged device keeps for its owner
     step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
+    # A step moves the model as far as its updates' mean staleness discount (aggregate.staleness_damping).
+    staleness_damping: bool = False
     job_memory_mb: float = 256.0
     on_time_goal: float = 0.8  # share of jobs that should make their deadline
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
@@ -449,6 +451,8 @@ class Scheduler:
         exponent = self.config.plan.staleness_exponent
         step, _ = fednova(updates, self.config.momentum, exponent, self.config.robust)
         lr = self.monitor.knobs.server_lr
+        if self.config.staleness_damping:
+            lr *= staleness_damping(updates, exponent)
         if self.config.thin_steps:
             self.agreement.observe(spread(updates, self.config.momentum, exponent))
             scale = self.agreement.scale(len(updates), self.config.plan.target_updates)

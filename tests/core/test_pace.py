@@ -10,7 +10,7 @@ import pytest
 
 from edgesched.config import RunConfig
 from edgesched.core import policies
-from edgesched.core.decisions import Paced, Released
+from edgesched.core.decisions import Arrived, Paced, Released
 from edgesched.core.fleet import DeviceView
 from edgesched.core.pace import PACES, BanditConfig, LearnedPacer, Pace, fall_rate
 from edgesched.core.predict import Predictor
@@ -201,6 +201,24 @@ def test_an_early_step_frees_held_devices_when_the_next_update_is_far_off():
     assert first_step(early=False) == ((4, 12.0), [0.0, 12.0])
     step, d0_sent = first_step(early=True)
     assert step == (2, 1.0) and d0_sent[:2] == [0.0, 1.0]
+
+
+def test_with_paced_staleness_a_streamed_bound_is_counted_at_the_pace_steps_come():
+    # k = 2, four in flight: were every job a deadline long, two steps a deadline. The fast boards
+    # d0 and d1 bring a step every second while the slow d2's job takes 6 s, about a deadline:
+    # counted at two steps a deadline its update would be too stale; at the pace the steps come,
+    # every one of its jobs after the first counts.
+    transport = ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 1.0, "d2": 6.0})
+    cfg = RunConfig.from_mapping({"clients": 2, "fraction-train": 1.0, "round-timeout": 600.0,
+                                  "strategy": "edgesched", "pace": "stream", "stream-hold": "never",
+                                  "paced-staleness": True})
+    policy = policies.edgesched(cfg, Predictor(4 * 10_000, {"fast": 1 / 60, "slow": 6 / 60}))
+    run(policy, transport, TwoBoards(3), steps=30)
+    slow = [(d.outcome, d.staleness, d.staleness_bound) for d in policy.log
+            if isinstance(d, Arrived) and d.device == "d2"]
+    assert len(slow) >= 4
+    assert slow[0][0] == "too_stale" and slow[0][2] == 2  # planned before any streamed step was measured
+    assert all(outcome == "counted" and bound > 2 for outcome, _, bound in slow[1:])
 
 
 def test_a_fixed_pace_is_logged_once():

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from edgesched.core.aggregate import Update, fednova, momentum_steps
+from edgesched.core.aggregate import Update, fednova, momentum_steps, staleness_damping
 from edgesched.core.agreement import Agreement, spread
 from edgesched.core.decisions import Arrived, RoundPlanned, Thinned
 from edgesched.core.engine import Job
@@ -304,6 +304,35 @@ def test_fednova_staleness_and_momentum_weights():
     (step,), _ = fednova([fresh, stale], momentum=0.0, exponent=0.5)
     w_stale = (1 + 3) ** -0.5
     assert step[0] == pytest.approx((1 - w_stale) / (1 + w_stale))
+
+
+def test_a_step_of_late_updates_moves_the_model_less():
+    delta = [np.array([1.0])]
+    fresh = [Update(delta, 100, 1, 0), Update(delta, 300, 1, 0)]
+    assert staleness_damping(fresh, exponent=0.5) == 1.0  # exactly: rounds of fresh updates are unchanged
+    late = [Update(delta, 100, 1, 3), Update(delta, 300, 1, 3)]
+    assert staleness_damping(late, exponent=0.5) == pytest.approx(0.5)
+    mixed = [Update(delta, 100, 1, 0), Update(delta, 300, 1, 3)]
+    assert staleness_damping(mixed, exponent=0.5) == pytest.approx((100 + 300 * 0.5) / 400)
+    # fednova's direction is the same either way: only how far the server steps changes.
+    assert fednova(late, momentum=0.0, exponent=0.5)[0][0] == pytest.approx(fednova(fresh, 0.0, 0.5)[0][0])
+
+
+def test_with_damping_the_scheduler_steps_less_far_on_a_late_update():
+    def step_after(late_by: int, damped: bool = True) -> float:
+        s = Scheduler(SchedulerConfig(PlanConfig(target_updates=1), staleness_damping=damped),
+                      Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002}))
+        (a,) = s.plan(1, 0.0, [DeviceView("a", 600, None, "pi")])
+        job = sent(s, a, "j")
+        for rnd in range(2, 2 + late_by):
+            s.plan(rnd, float(rnd), [])
+        base = [np.zeros(1, dtype=np.float32)]
+        assert s.arrived(job, 9.0, [np.full(1, -1.0, dtype=np.float32)], base, steps=5, samples=160,
+                         data_size=600, compute_s=0.3, loss=1.0) == "counted"
+        return float(s.close_round(base, 9.0)[0][0][0])
+
+    assert step_after(late_by=1) == pytest.approx(step_after(late_by=0) * 2**-0.5)
+    assert step_after(late_by=1, damped=False) == step_after(late_by=0, damped=False)  # fednova alone: as far
 
 
 def test_predictor_converges_after_a_device_slows_down():

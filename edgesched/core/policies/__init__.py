@@ -42,7 +42,8 @@ def edgesched(cfg: RunConfig, predictor: Predictor, risk: DropoutModel | None = 
     scheduler = Scheduler(scheduler_config(cfg), predictor, risk)
     return EdgeschedPolicy(scheduler, cfg.round_timeout, cfg.scheduler.min_round_share, pacer(cfg.scheduler),
                            early_step=cfg.scheduler.early_step, eager_rounds=cfg.scheduler.eager_rounds,
-                           stream_hold=cfg.scheduler.stream_hold, priced_max_loss=cfg.scheduler.priced_max_loss)
+                           stream_hold=cfg.scheduler.stream_hold, priced_max_loss=cfg.scheduler.priced_max_loss,
+                           paced_staleness=cfg.scheduler.paced_staleness)
 
 
 def pacer(s: SchedulerSettings) -> FixedPacer | LearnedPacer:
@@ -68,5 +69,5 @@ def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
     guard = GuardConfig(norm_limit=s.update_norm_limit, on_large_norm=s.large_update)
     return SchedulerConfig(plan=plan, server_lr=s.server_lr, thin_steps=s.thin_steps,
                            battery_reserve=s.battery_reserve, guard=guard, step_fill=s.step_fill,
-                           robust=s.robust_aggregation, compression=s.compression,
+                           robust=s.robust_aggregation, compression=s.compression, staleness_damping=s.paced_staleness,
                            max_transfer_share=s.max_transfer_share)

@@ -38,7 +38,7 @@ bound.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping
 
 from edgesched.core.decisions import Decision, Paced, Released
@@ -51,17 +51,19 @@ from edgesched.core.transport import Batch, FleetView, Order, Reply, Transport
 from edgesched.errors import EdgeschedError
 
 Pacer = FixedPacer | LearnedPacer
+STEPS_MEASURED = 10  # streamed steps whose pace sets the staleness bounds of streamed jobs
 
 
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float, pacer: Pacer,
                  early_step: bool = False, eager_rounds: bool = False, stream_hold: str = "priced",
-                 priced_max_loss: float = 0.05) -> None:
+                 priced_max_loss: float = 0.05, paced_staleness: bool = False) -> None:
         self.scheduler = scheduler
         self.stream_hold = stream_hold
         self.priced_max_loss = priced_max_loss
         self.early_step = early_step
         self.eager_rounds = eager_rounds
+        self.paced_staleness = paced_staleness
         self.round_timeout = round_timeout
         self.min_round_share = min_round_share
         self.pacer = pacer
@@ -71,6 +73,7 @@ class EdgeschedPolicy:
         self._round_end: float | None = None  # rounds: set once the round is planned
         self._online = 1  # devices online at the last look
         self._planned: dict[str, tuple[Assignment, DeviceView]] = {}
+        self._streamed: deque[float] = deque(maxlen=STEPS_MEASURED)  # how long the last streamed steps took
 
     @property
     def log(self) -> list[Decision]:
@@ -146,13 +149,27 @@ class EdgeschedPolicy:
             held = busy if self.stream_hold == "never" else busy | self.scheduler.waiting
         if all(v.device in held for v in views):
             return []
-        per_window = max(1.0, self._concurrency() / self._step_size())
+        per_window = self._steps_per_deadline()
         assignments = self.scheduler.plan(self._step, now, views, held, slots=slots, steps_per_window=per_window)
         for a in assignments:
             if a.device in released:
                 p = released[a.device]
                 self.scheduler.log.append(Released(now, self._step, a.device, p.risk, p.absence_s, p.wait_s))
         return assignments
+
+    def _steps_per_deadline(self) -> float:
+        """Streaming: the server steps a job meets per deadline it runs, which its staleness bound
+        is counted in. Were every job a deadline long, `max-overselect` steps (the jobs in flight
+        over the updates a step takes); but a fast board's job is capped at `max-epochs` and comes
+        back in a fraction of the deadline, so steps can come many times faster, and a slow
+        device's job, bound to that few steps, would come back too stale to count: its work
+        wasted, and its data missing from the model. So the bound is counted at the pace of the
+        last streamed steps, where that is faster (`paced_staleness`)."""
+        assumed = max(1.0, self._concurrency() / self._step_size())
+        if not (self.paced_staleness and self._streamed):
+            return assumed
+        took = sum(self._streamed) / len(self._streamed)
+        return max(assumed, self.scheduler.deadline / took) if took > 0 else assumed
 
     def _concurrency(self) -> int:
         plan = self.scheduler.config.plan
@@ -219,5 +236,7 @@ class EdgeschedPolicy:
         return self.scheduler.close_round(model, now)
 
     def after_step(self, step: int, now: float, loss: float) -> None:
+        if not self.pace.hold:
+            self._streamed.append(now - self._began)
         self.scheduler.after_round(step, now, loss)
         self.pacer.observe(step, now, loss, self.scheduler.risk.fleet_rate())
