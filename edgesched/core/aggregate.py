@@ -77,9 +77,14 @@ def staleness_weight(staleness: int, exponent: float) -> float:
     return float((1 + staleness) ** -exponent)
 
 
+def _discounted_sizes(updates: Sequence[Update], exponent: float) -> np.ndarray:
+    """Each update's data size x its staleness discount."""
+    return np.array([u.samples * staleness_weight(u.staleness, exponent) for u in updates], dtype=np.float64)
+
+
 def fednova_shares(updates: Sequence[Update], exponent: float) -> np.ndarray | None:
     """Each update's share of a step: data size x staleness discount, summing to 1 (None: no weight)."""
-    shares = np.array([u.samples * staleness_weight(u.staleness, exponent) for u in updates], dtype=np.float64)
+    shares = _discounted_sizes(updates, exponent)
     if shares.sum() <= 0:
         return None
     shares /= shares.sum()
@@ -95,10 +100,10 @@ def staleness_damping(updates: Sequence[Update], exponent: float) -> float:
     from one step to the next. Scaled by this, a step of late updates moves the model less, as
     FedBuff's does (its deltas' discounts sum to less than one); a step of fresh ones is 1 exactly.
     """
-    samples = sum(u.samples for u in updates)
+    samples = float(np.sum([u.samples for u in updates], dtype=np.float64))
     if samples <= 0:
         return 1.0
-    return sum(u.samples * staleness_weight(u.staleness, exponent) for u in updates) / samples
+    return float(_discounted_sizes(updates, exponent).sum()) / samples
 
 
 def fednova(updates: Sequence[Update], momentum: float, exponent: float,

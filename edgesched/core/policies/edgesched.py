@@ -73,7 +73,8 @@ class EdgeschedPolicy:
         self._round_end: float | None = None  # rounds: set once the round is planned
         self._online = 1  # devices online at the last look
         self._planned: dict[str, tuple[Assignment, DeviceView]] = {}
-        self._streamed: deque[float] = deque(maxlen=STEPS_MEASURED)  # how long the last streamed steps took
+        # How long the last streamed steps took (kept only with paced_staleness).
+        self._streamed: deque[float] = deque(maxlen=STEPS_MEASURED)
 
     @property
     def log(self) -> list[Decision]:
@@ -166,7 +167,7 @@ class EdgeschedPolicy:
         wasted, and its data missing from the model. So the bound is counted at the pace of the
         last streamed steps, where that is faster (`paced_staleness`)."""
         assumed = max(1.0, self._concurrency() / self._step_size())
-        if not (self.paced_staleness and self._streamed):
+        if not self._streamed:
             return assumed
         took = sum(self._streamed) / len(self._streamed)
         return max(assumed, self.scheduler.deadline / took) if took > 0 else assumed
@@ -236,7 +237,7 @@ class EdgeschedPolicy:
         return self.scheduler.close_round(model, now)
 
     def after_step(self, step: int, now: float, loss: float) -> None:
-        if not self.pace.hold:
+        if self.paced_staleness and not self.pace.hold:
             self._streamed.append(now - self._began)
         self.scheduler.after_round(step, now, loss)
         self.pacer.observe(step, now, loss, self.scheduler.risk.fleet_rate())
