@@ -37,7 +37,9 @@
     with spans matched while the fleet loses under a fifth of its jobs (`match-max-loss = 0.2`);
     `edgesched-paced-staleness`: streamed staleness bounds at the pace the steps come, and a step
     of late updates moving the model less (`paced-staleness`, edgesched.core.policies.edgesched
-    and edgesched.core.aggregate.staleness_damping).
+    and edgesched.core.aggregate.staleness_damping);
+    `edgesched-no-loss-utility`: a device's value in the selection is its data, not its data
+    times its last loss (`loss-utility`, edgesched.core.plan).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -85,6 +87,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-priced": lambda cfg: {"priced-max-loss": 1.0, "match-max-loss": 0.2},
     "edgesched-no-calm": lambda cfg: {"stream-hold": "always", "matched-spans": False},
     "edgesched-paced-staleness": lambda cfg: {"paced-staleness": True},
+    "edgesched-no-loss-utility": lambda cfg: {"loss-utility": False},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

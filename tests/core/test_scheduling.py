@@ -188,6 +188,15 @@ def test_long_idle_device_is_chosen_again():
     assert plan_round(aged, 5.0, cfg).assignments[0].device == "d1"
 
 
+def test_without_loss_utility_a_device_is_valued_by_its_data_alone():
+    # d0 has half d1's data but four times its last loss: by data x loss d0 first, by data d1.
+    cands = candidates(sps=[0.001, 0.001], transfer=[0.1, 0.1], samples=600, loss=np.array([4.0, 1.0]))
+    cands.samples[1] = 1200
+    assert plan_round(cands, 5.0, PlanConfig(target_updates=1)).assignments[0].device == "d0"
+    plan = plan_round(cands, 5.0, PlanConfig(target_updates=1, loss_utility=False))
+    assert plan.assignments[0].device == "d1" and plan.assignments[0].utility == 1200
+
+
 def test_gateway_traffic_budget_limits_the_round():
     cands = candidates(sps=[0.001] * 10, transfer=[0.1] * 10)
     cfg = PlanConfig(target_updates=10, gateway_bytes_per_s=1e6)  # 5 s x 1 MB/s = 5 jobs of 1 MB

@@ -92,8 +92,8 @@ def test_the_nominal_deadline_is_a_quantile_of_catalog_job_times():
 
 
 def test_the_option_contenders_reach_the_scheduler_and_pace():
-    """No reserve, no absence stretch, early step, eager rounds, step fill and paced staleness each set their one knob;
-    the hold and the spans ablations set the hold, the spans and the loss rates that gate them
+    """No reserve, no absence stretch, early step, eager rounds, step fill, paced staleness and no loss utility each set
+    their one knob; the hold and the spans ablations set the hold, the spans and the loss rates that gate them
     (the default prices the hold and matches spans while under 5 % of jobs are lost)."""
     from edgesched.simulations.contenders import make_policy
 
@@ -102,7 +102,7 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
     kept = {}
     for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step", "edgesched-matched-spans",
                      "edgesched-no-absence", "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold",
-                     "edgesched-priced", "edgesched-no-calm", "edgesched-paced-staleness"):
+                     "edgesched-priced", "edgesched-no-calm", "edgesched-paced-staleness", "edgesched-no-loss-utility"):
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
         scheduler = policy.scheduler
@@ -110,16 +110,19 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
         kept[strategy] = (scheduler.config.battery_reserve, scheduler.risk.config.battery_reserve, policy.early_step,
                           bandit.match_spans and bandit.match_max_loss, scheduler.config.plan.absence_stretch,
                           policy.eager_rounds, scheduler.config.step_fill, policy.stream_hold, policy.priced_max_loss,
-                          policy.paced_staleness and scheduler.config.staleness_damping)
-    calm = ("priced", 0.05, False)
+                          policy.paced_staleness and scheduler.config.staleness_damping,
+                          scheduler.config.plan.loss_utility)
+    calm, always = ("priced", 0.05, False, True), ("always", 0.05, False, True)
+    base = (20.0, 20.0, False, 0.05, 2.0, False, False)  # the default's reserves, spans, stretch, rounds and fill
     assert kept == {"edgesched": (20.0, 20.0, False, 0.05, 2.0, False, False, *calm),
                     "edgesched-no-reserve": (0.0, 0.0, False, 0.05, 2.0, False, False, *calm),
-                    "edgesched-early-step": (20.0, 20.0, True, 0.05, 2.0, False, False, "always", 0.05, False),
-                    "edgesched-matched-spans": (20.0, 20.0, False, 1.0, 2.0, False, False, "always", 0.05, False),
+                    "edgesched-early-step": (20.0, 20.0, True, 0.05, 2.0, False, False, *always),
+                    "edgesched-matched-spans": (20.0, 20.0, False, 1.0, 2.0, False, False, *always),
                     "edgesched-no-absence": (20.0, 20.0, False, 0.05, 1.0, False, False, *calm),
                     "edgesched-eager-rounds": (20.0, 20.0, False, 0.05, 2.0, True, False, *calm),
                     "edgesched-step-fill": (20.0, 20.0, False, 0.05, 2.0, False, True, *calm),
-                    "edgesched-no-hold": (20.0, 20.0, False, False, 2.0, False, False, "never", 0.05, False),
-                    "edgesched-priced": (20.0, 20.0, False, 0.2, 2.0, False, False, "priced", 1.0, False),
-                    "edgesched-no-calm": (20.0, 20.0, False, False, 2.0, False, False, "always", 0.05, False),
-                    "edgesched-paced-staleness": (20.0, 20.0, False, 0.05, 2.0, False, False, "priced", 0.05, True)}
+                    "edgesched-no-hold": (20.0, 20.0, False, False, 2.0, False, False, "never", 0.05, False, True),
+                    "edgesched-priced": (20.0, 20.0, False, 0.2, 2.0, False, False, "priced", 1.0, False, True),
+                    "edgesched-no-calm": (20.0, 20.0, False, False, 2.0, False, False, *always),
+                    "edgesched-paced-staleness": (*base, "priced", 0.05, True, True),
+                    "edgesched-no-loss-utility": (*base, "priced", 0.05, False, False)}

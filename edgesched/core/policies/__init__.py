@@ -64,7 +64,7 @@ def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
         max_deadline_s=cfg.round_timeout, max_staleness=s.max_staleness, staleness_exponent=s.staleness_exponent,
         fairness_rounds=s.fairness_rounds,
         gateway_bytes_per_s=s.gateway_mbps * 1e6 / 8 if s.gateway_mbps > 0 else math.inf,
-        absence_stretch=s.absence_stretch,
+        absence_stretch=s.absence_stretch, loss_utility=s.loss_utility,
     )
     guard = GuardConfig(norm_limit=s.update_norm_limit, on_large_norm=s.large_update)
     return SchedulerConfig(plan=plan, server_lr=s.server_lr, thin_steps=s.thin_steps,
