@@ -114,7 +114,7 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
                           scheduler.config.plan.loss_utility)
     calm, always = ("priced", 0.05, False, True), ("always", 0.05, False, True)
     base = (20.0, 20.0, False, 0.05, 2.0, False, False)  # the default's reserves, spans, stretch, rounds and fill
-    assert kept == {"edgesched": (20.0, 20.0, False, 0.05, 2.0, False, False, *calm),
+    assert kept == {"edgesched": (*base, *calm),
                     "edgesched-no-reserve": (0.0, 0.0, False, 0.05, 2.0, False, False, *calm),
                     "edgesched-early-step": (20.0, 20.0, True, 0.05, 2.0, False, False, *always),
                     "edgesched-matched-spans": (20.0, 20.0, False, 1.0, 2.0, False, False, *always),
