@@ -87,8 +87,9 @@ def simulate_fleet(spec: FleetSpec, out_dir: Path, broker: str = IN_PROCESS,
             telemetry.bus = bus
         events_at = resume.logs["events.jsonl"] if resume else None
         with open_log(out_dir / "events.jsonl", events_at) as events, \
-                RoundProgress(cfg.rounds, done=resumed_after or 0, starting="training in this process"
-                              if engine == "in-process" else "starting the simulation engine") as progress:
+                RoundProgress(cfg.rounds, done=resumed_after or 0, time_budget=cfg.time_budget,
+                              starting="training in this process" if engine == "in-process"
+                              else "starting the simulation engine") as progress:
 
             def main(grid: Any, context: Any) -> None:
                 weights, evaluate = evaluator(cfg)
