@@ -91,9 +91,12 @@ clientapp = "edgesched.clients.app:app"
 """
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             detail: Callable[[], str] = lambda: "") -> None:
+    """Wait until `predicate()` holds; past `timeout`, fail naming `what`, followed by `detail()`
+    (e.g. the ends of the logs that tell why it did not happen)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f} s")
+            raise AssertionError(f"{what} did not happen within {timeout:.0f} s\n{detail()}".rstrip())
         time.sleep(0.2)

@@ -221,7 +221,7 @@ def test_the_documented_deployment_trains_boards_on_their_own_data_while_one_die
             board.start(procs, f"supernode-{device}", supernode, "--port", str(free_port()))
             board.start(procs, f"agent-{device}", board.unit("edgesched-agent.service"))
         _wait(lambda: (bench / "superlink.log").read_text(errors="replace").count("Activated node_id") >= len(BOARDS),
-              90, "the boards' SuperNodes admitted")
+              180, "the boards' SuperNodes admitted")
 
         # 4. A run (docs/deploy.md, step 4), started by edgesched-run@'s command.
         app = Path(gateway.path("/etc/edgesched/apps/wine"))

@@ -117,7 +117,7 @@ class Federation:
         self.procs.start("gate", sys.executable, "-m", "edgesched", "gate", "--listen", f"127.0.0.1:{self.door}",
                          "--superlink", f"https://127.0.0.1:{self.link}", "--ca-file", self.folder / "ca.crt",
                          "--certfile", self.folder / "server.crt", "--keyfile", self.folder / "server.key")
-        for device in self.devices:
+        for device in self.devices:  # enrolling takes seconds each: the gate starts meanwhile
             self.node_ids[device] = self.enrol(device)
             state = self.folder / f"state-{device}"  # where the ClientApp leaves job speeds for the agent
             self.start_supernode(device, "--node-config", f"device-id='{device}'",
@@ -127,9 +127,20 @@ class Federation:
                              self.folder / "ca.crt", "--interval", str(HEARTBEAT_S), "--keepalive", "2",
                              EDGESCHED_STATE_DIR=str(state), EDGESCHED_MQTT_PASSWORD=f"{device}-secret")
         (self.folder / "app" / "pyproject.toml").write_text(self.app)
-        superlink_log = self.folder / "superlink.log"
-        _wait(lambda: superlink_log.read_text(errors="replace").count("Activated node_id") >= len(self.devices),
-              60, f"{len(self.devices)} SuperNodes registered")
+        _wait(self.all_activated, 180, f"{len(self.devices)} SuperNodes registered", self.startup_report)
+
+    def all_activated(self) -> bool:
+        """Every SuperNode activated on the SuperLink; fails at once if one of them, or the gate
+        they connect through, has exited (a SuperNode gives up on a TLS error)."""
+        for name in ["gate", *(f"supernode-{d}" for d in self.devices)]:
+            if self.procs.procs[name].poll() is not None:
+                raise AssertionError(f"{name} exited before every SuperNode registered\n{self.startup_report()}")
+        return self.log("superlink").count("Activated node_id") >= len(self.devices)
+
+    def startup_report(self) -> str:
+        """The ends of the gate's and each SuperNode's logs: why a SuperNode did not register."""
+        names = ["gate", *(f"supernode-{d}" for d in self.devices)]
+        return "\n".join(f"--- {name}:\n{self.log(name)[-1500:]}" for name in names)
 
     def __exit__(self, *exc: object) -> None:
         self.procs.stop_all()

@@ -68,7 +68,7 @@ def test_only_the_fleet_api_passes_the_gate(tmp_path):
         procs.start("supernode", BIN / "flower-supernode", "--superlink", f"127.0.0.1:{door}",
                     "--root-certificates", certs["ca"], "--auth-supernode-private-key", board,
                     "--port", str(free_port()))
-        _wait(lambda: "Activated node_id" in (tmp_path / "superlink.log").read_text(errors="replace"), 60,
+        _wait(lambda: "Activated node_id" in (tmp_path / "superlink.log").read_text(errors="replace"), 180,
               "the enrolled SuperNode activated through the gate")
     finally:
         procs.stop_all()
