@@ -35,7 +35,7 @@ from edgesched.broker import free_port
 from edgesched.tasks import model_size
 from edgesched.trace import load_trace
 
-from ..mqtt.brokers import MOSQUITTO, Mosquitto, password_file, shipped_config
+from ..mqtt.brokers import MOSQUITTO, Mosquitto, password_file, shipped_config, wait_for_port
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -117,7 +117,10 @@ class Federation:
         self.procs.start("gate", sys.executable, "-m", "edgesched", "gate", "--listen", f"127.0.0.1:{self.door}",
                          "--superlink", f"https://127.0.0.1:{self.link}", "--ca-file", self.folder / "ca.crt",
                          "--certfile", self.folder / "server.crt", "--keyfile", self.folder / "server.key")
-        for device in self.devices:  # enrolling takes seconds each: the gate starts meanwhile
+        # A SuperNode whose TLS handshake fails gives up and exits (a board's unit restarts it; here
+        # nothing would): it connects only once the gate listens.
+        wait_for_port(self.door, timeout=60)
+        for device in self.devices:
             self.node_ids[device] = self.enrol(device)
             state = self.folder / f"state-{device}"  # where the ClientApp leaves job speeds for the agent
             self.start_supernode(device, "--node-config", f"device-id='{device}'",
