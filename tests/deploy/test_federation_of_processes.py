@@ -132,18 +132,21 @@ class Federation:
         (self.folder / "app" / "pyproject.toml").write_text(self.app)
         _wait(self.all_activated, 180, f"{len(self.devices)} SuperNodes registered", self.startup_report)
 
+    def joining(self) -> list[str]:
+        """The processes a SuperNode's registration goes through: the gate, then each SuperNode."""
+        return ["gate", *(f"supernode-{d}" for d in self.devices)]
+
     def all_activated(self) -> bool:
         """Every SuperNode activated on the SuperLink; fails at once if one of them, or the gate
         they connect through, has exited (a SuperNode gives up on a TLS error)."""
-        for name in ["gate", *(f"supernode-{d}" for d in self.devices)]:
+        for name in self.joining():
             if self.procs.procs[name].poll() is not None:
                 raise AssertionError(f"{name} exited before every SuperNode registered\n{self.startup_report()}")
         return self.log("superlink").count("Activated node_id") >= len(self.devices)
 
     def startup_report(self) -> str:
         """The ends of the gate's and each SuperNode's logs: why a SuperNode did not register."""
-        names = ["gate", *(f"supernode-{d}" for d in self.devices)]
-        return "\n".join(f"--- {name}:\n{self.log(name)[-1500:]}" for name in names)
+        return "\n".join(f"--- {name}:\n{self.log(name)[-1500:]}" for name in self.joining())
 
     def __exit__(self, *exc: object) -> None:
         self.procs.stop_all()
