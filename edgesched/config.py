@@ -50,7 +50,7 @@ ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
              "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-no-absence",
              "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold", "edgesched-priced",
-             "edgesched-no-calm", "edgesched-paced-staleness", "edgesched-no-loss-utility")
+             "edgesched-no-calm", "edgesched-loss-driven", "edgesched-no-paced-staleness", "edgesched-loss-utility")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -113,8 +113,8 @@ class SchedulerSettings:
     early_step: bool = False  # streaming: step on min-round-share once the held devices could each do a job first
     step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
     eager_rounds: bool = False  # rounds: after a deadline's wait, start once every device online is free
-    paced_staleness: bool = False  # streamed bounds at the steps' pace; a step of late updates moves the model less
-    loss_utility: bool = True  # a device's value grows with its last training loss (Oort); false: data alone
+    paced_staleness: bool = True  # streamed bounds at the steps' pace; a step of late updates moves the model less
+    loss_utility: bool = False  # true: a device's value grows with its last training loss (Oort); false: data alone
     server_lr: float = 1.0
     thin_steps: bool = True  # a step on fewer than clients-per-round updates is scaled by how much updates agree
     fairness_rounds: float = 5.0

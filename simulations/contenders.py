@@ -35,11 +35,12 @@
     as FedBuff does, and spans are six steps (`stream-hold = "never"`, `matched-spans = false`);
     and `edgesched-priced` prices the hold however many jobs are lost (`priced-max-loss = 1`),
     with spans matched while the fleet loses under a fifth of its jobs (`match-max-loss = 0.2`);
-    `edgesched-paced-staleness`: streamed staleness bounds at the pace the steps come, and a step
-    of late updates moving the model less (`paced-staleness`, edgesched.core.policies.edgesched
-    and edgesched.core.aggregate.staleness_damping);
-    `edgesched-no-loss-utility`: a device's value in the selection is its data, not its data
-    times its last loss (`loss-utility`, edgesched.core.plan).
+    `edgesched-no-paced-staleness`: streamed staleness bounds per deadline, and a step of late
+    updates moving the model as far as one of fresh ones (`paced-staleness`,
+    edgesched.core.policies.edgesched and edgesched.core.aggregate.staleness_damping);
+    `edgesched-loss-utility`: a device's value in the selection is its data times its last loss,
+    not its data alone (`loss-utility`, edgesched.core.plan); `edgesched-loss-driven`: both, the
+    scheduler's selection and streamed steps until 2026-12-04 (`edgesched-no-calm` keeps them too).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -72,6 +73,9 @@ FLOWER = ("fedavg", "fedprox")  # run by Flower's own Strategy.start
 DEADLINE_OVERSELECT = 1.3
 # Each ablation turns one mechanism off; without equal-finish work every device trains FedAvg's
 # local epochs, however fast or slow it is.
+# The scheduler's selection and streamed steps until 2026-12-04: devices valued by data x last loss,
+# streamed steps undamped and their staleness bounds counted per deadline.
+LOSS_DRIVEN = {"loss-utility": True, "paced-staleness": False}
 ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-staleness": lambda cfg: {"max-staleness": 0},
     "edgesched-no-reserve": lambda cfg: {"battery-reserve": 0.0},
@@ -85,9 +89,10 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-step-fill": lambda cfg: {"step-fill": True},
     "edgesched-no-hold": lambda cfg: {"stream-hold": "never", "matched-spans": False},
     "edgesched-priced": lambda cfg: {"priced-max-loss": 1.0, "match-max-loss": 0.2},
-    "edgesched-no-calm": lambda cfg: {"stream-hold": "always", "matched-spans": False},
-    "edgesched-paced-staleness": lambda cfg: {"paced-staleness": True},
-    "edgesched-no-loss-utility": lambda cfg: {"loss-utility": False},
+    "edgesched-no-calm": lambda cfg: {"stream-hold": "always", "matched-spans": False, **LOSS_DRIVEN},
+    "edgesched-loss-driven": lambda cfg: LOSS_DRIVEN,
+    "edgesched-no-paced-staleness": lambda cfg: {"paced-staleness": False},
+    "edgesched-loss-utility": lambda cfg: {"loss-utility": True},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

@@ -20,16 +20,17 @@ as much training per second of its device's time, absences included, as on a fle
 none. Only the cap moves: a job still fits its deadline's window.
 
 Selection is a multi-dimensional knapsack (the SMD paper's framing), solved greedily by
-value per normalised weight: the value is an Oort-style utility (data x loss, less the
-dropout risk, less staleness), the weights are a participant slot and the gateway's traffic.
+value per normalised weight: the value is a utility (data, less the dropout risk, less
+staleness), the weights are a participant slot and the gateway's traffic.
 A device's value grows with the rounds it sat out, so slow devices' data is never starved
 for good. Selection stops once the expected deliveries (sum of 1 - risk) reach the target:
 the over-selection follows the predicted risk instead of a fixed 130 %.
 
-With `loss_utility` off a device's value is its data alone. Taken best first by loss, the devices
-whose loss is high are chosen until it falls, then those whose loss rose meanwhile: on
-label-skewed data the steps pull the model between groups of classes (Cho et al., 2020, find
-loss-driven selection fast early but with a floor of error).
+With `loss_utility` on it is also scaled by the device's last loss (Oort's data x loss). It is
+off by default: taken best first by loss, the devices whose loss is high are chosen until it
+falls, then those whose loss rose meanwhile: on label-skewed data the steps pull the model
+between groups of classes (Cho et al., 2020, find loss-driven selection fast early but with a
+floor of error).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class PlanConfig:
     fairness_rounds: float = 5.0  # a device idle this many rounds has its value doubled
     gateway_bytes_per_s: float = math.inf  # the gateway's link: a round moves at most this x its deadline
     absence_stretch: float = 2.0  # the most the epoch cap grows for the absence a lost job costs (1: never)
-    loss_utility: bool = True  # a device's value is its data x its last loss (Oort); false: its data alone
+    loss_utility: bool = False  # true: a device's value is its data x its last loss (Oort); false: its data alone
 
     def __post_init__(self) -> None:
         if self.target_updates < 1 or self.max_overselect < 1 or not 0 < self.min_epochs <= self.max_epochs \

@@ -73,7 +73,7 @@ class SchedulerConfig:
     battery_reserve: float = 20.0  # percent an unplugged device keeps for its owner
     step_fill: bool = False  # streaming: a fast device trains on until its step is predicted, not idle in the hold
     # A step moves the model as far as its updates' mean staleness discount (aggregate.staleness_damping).
-    staleness_damping: bool = False
+    staleness_damping: bool = True
     job_memory_mb: float = 256.0
     on_time_goal: float = 0.8  # share of jobs that should make their deadline
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)

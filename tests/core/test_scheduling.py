@@ -180,20 +180,20 @@ def test_over_selection_follows_predicted_risk():
 
 
 def test_long_idle_device_is_chosen_again():
-    # d1's data matters less per round, but after sitting out long enough it outranks d0.
+    # Valued by data x loss, d1 matters less per round, but after sitting out long enough it outranks d0.
     cands = candidates(sps=[0.001, 0.001], transfer=[0.1, 0.1], loss=np.array([1.0, 0.3]))
-    cfg = PlanConfig(target_updates=1, fairness_rounds=2.0)
+    cfg = PlanConfig(target_updates=1, fairness_rounds=2.0, loss_utility=True)
     assert plan_round(cands, 5.0, cfg).assignments[0].device == "d0"
     aged = candidates(sps=[0.001, 0.001], transfer=[0.1, 0.1], loss=np.array([1.0, 0.3]), idle_rounds=np.array([0, 8]))
     assert plan_round(aged, 5.0, cfg).assignments[0].device == "d1"
 
 
-def test_without_loss_utility_a_device_is_valued_by_its_data_alone():
+def test_by_default_a_device_is_valued_by_its_data_alone_and_with_loss_utility_by_data_x_loss():
     # d0 has half d1's data but four times its last loss: by data x loss d0 first, by data d1.
     cands = candidates(sps=[0.001, 0.001], transfer=[0.1, 0.1], samples=600, loss=np.array([4.0, 1.0]))
     cands.samples[1] = 1200
-    assert plan_round(cands, 5.0, PlanConfig(target_updates=1)).assignments[0].device == "d0"
-    plan = plan_round(cands, 5.0, PlanConfig(target_updates=1, loss_utility=False))
+    assert plan_round(cands, 5.0, PlanConfig(target_updates=1, loss_utility=True)).assignments[0].device == "d0"
+    plan = plan_round(cands, 5.0, PlanConfig(target_updates=1))
     assert plan.assignments[0].device == "d1" and plan.assignments[0].utility == 1200
 
 

@@ -102,7 +102,8 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
     kept = {}
     for strategy in ("edgesched", "edgesched-no-reserve", "edgesched-early-step", "edgesched-matched-spans",
                      "edgesched-no-absence", "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold",
-                     "edgesched-priced", "edgesched-no-calm", "edgesched-paced-staleness", "edgesched-no-loss-utility"):
+                     "edgesched-priced", "edgesched-no-calm", "edgesched-loss-driven", "edgesched-no-paced-staleness",
+                     "edgesched-loss-utility"):
         policy = make_policy(fleet.spec.run.with_keys({"strategy": strategy}), fleet, sizes,
                              SimpleNamespace(now=lambda: 0.0))
         scheduler = policy.scheduler
@@ -112,7 +113,7 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
                           policy.eager_rounds, scheduler.config.step_fill, policy.stream_hold, policy.priced_max_loss,
                           policy.paced_staleness and scheduler.config.staleness_damping,
                           scheduler.config.plan.loss_utility)
-    calm, always = ("priced", 0.05, False, True), ("always", 0.05, False, True)
+    calm, always = ("priced", 0.05, True, False), ("always", 0.05, True, False)
     base = (20.0, 20.0, False, 0.05, 2.0, False, False)  # the default's reserves, spans, stretch, rounds and fill
     assert kept == {"edgesched": (*base, *calm),
                     "edgesched-no-reserve": (0.0, 0.0, False, 0.05, 2.0, False, False, *calm),
@@ -121,8 +122,9 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
                     "edgesched-no-absence": (20.0, 20.0, False, 0.05, 1.0, False, False, *calm),
                     "edgesched-eager-rounds": (20.0, 20.0, False, 0.05, 2.0, True, False, *calm),
                     "edgesched-step-fill": (20.0, 20.0, False, 0.05, 2.0, False, True, *calm),
-                    "edgesched-no-hold": (20.0, 20.0, False, False, 2.0, False, False, "never", 0.05, False, True),
-                    "edgesched-priced": (20.0, 20.0, False, 0.2, 2.0, False, False, "priced", 1.0, False, True),
-                    "edgesched-no-calm": (20.0, 20.0, False, False, 2.0, False, False, *always),
-                    "edgesched-paced-staleness": (*base, "priced", 0.05, True, True),
-                    "edgesched-no-loss-utility": (*base, "priced", 0.05, False, False)}
+                    "edgesched-no-hold": (20.0, 20.0, False, False, 2.0, False, False, "never", 0.05, True, False),
+                    "edgesched-priced": (20.0, 20.0, False, 0.2, 2.0, False, False, "priced", 1.0, True, False),
+                    "edgesched-no-calm": (20.0, 20.0, False, False, 2.0, False, False, "always", 0.05, False, True),
+                    "edgesched-loss-driven": (*base, "priced", 0.05, False, True),
+                    "edgesched-no-paced-staleness": (*base, "priced", 0.05, False, False),
+                    "edgesched-loss-utility": (*base, "priced", 0.05, True, True)}

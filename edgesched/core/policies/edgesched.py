@@ -57,7 +57,7 @@ STEPS_MEASURED = 10  # streamed steps whose pace sets the staleness bounds of st
 class EdgeschedPolicy:
     def __init__(self, scheduler: Scheduler, round_timeout: float, min_round_share: float, pacer: Pacer,
                  early_step: bool = False, eager_rounds: bool = False, stream_hold: str = "priced",
-                 priced_max_loss: float = 0.05, paced_staleness: bool = False) -> None:
+                 priced_max_loss: float = 0.05, paced_staleness: bool = True) -> None:
         self.scheduler = scheduler
         self.stream_hold = stream_hold
         self.priced_max_loss = priced_max_loss
