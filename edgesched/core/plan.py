@@ -84,6 +84,7 @@ class Candidates:
     transfer_bytes: np.ndarray  # model down + up
     stay_s: np.ndarray  # how long it is expected to stay online (1 / its departure rate; inf: no departures)
     bits: np.ndarray  # the width its update is sent in (edgesched.core.compress; 0: float32, uncompressed)
+    saved_s: np.ndarray  # transfer time its compression saves (upper quantile; 0 uncompressed)
 
     def take(self, index: Sequence[int]) -> Candidates:
         """The candidates at `index`, in that order."""
@@ -147,7 +148,7 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     late = np.maximum(np.ceil((cands.transfer_s + least * sps) / deadline) - 1, 0)
     window = (late + 1) * deadline
     stretch = np.minimum(cfg.absence_stretch, 1 + cands.risk * absence_s / deadline)
-    work = np.minimum((window - cands.transfer_s) / sps, cfg.max_epochs * stretch * n)
+    work = np.minimum((window - cands.transfer_s) / sps, cfg.max_epochs * stretch * n + cands.saved_s / sps)
     if fill_s is not None:
         work = np.minimum(work, np.maximum(cfg.deadline_epochs * n, (fill_s - cands.transfer_s) / sps))
     # A device expected to leave gets no longer a job than it is expected to stay: with departures

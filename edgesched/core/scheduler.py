@@ -194,7 +194,10 @@ class Scheduler:
             streaming = {"target_updates": max(1, slots), "max_overselect": 1.0}
         cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(most, least),
                             "max_staleness": knobs.max_staleness, **streaming})
-        self.deadline = choose_deadline(everyone, cfg, self.stretch)
+        # A compressed job is planned as long as the uncompressed one: the transfer it saves buys
+        # local work (plan_round's cap), not more jobs, each of which risks its device's absence.
+        uncompressed = dataclasses.replace(everyone, transfer_s=everyone.transfer_s + everyone.saved_s)
+        self.deadline = choose_deadline(uncompressed, cfg, self.stretch)
         if not everyone_free:
             everyone, readings, hazards = everyone.take(free), readings.take(free), hazards[free]
         cands = everyone
@@ -241,6 +244,7 @@ class Scheduler:
         preds = self.predictor.predict_all(devices, readings, [v.board for v in views])
         samples = np.array([v.samples for v in views], dtype=np.int64)
         bits = self._bits(preds, samples)
+        full_s = preds.transfer_s
         if bits.any():  # the predictor's transfers are for a float32 model each way
             preds = preds._replace(transfer_s=preds.transfer_s * transfer_ratio(bits))
         high = np.exp(self.predictor.config.quantile_z * preds.log_sd)
@@ -261,6 +265,7 @@ class Scheduler:
             transfer_bytes=2.0 * self.predictor.model_bytes * transfer_ratio(bits),
             stay_s=stay_s,
             bits=bits,
+            saved_s=(full_s - preds.transfer_s) * high,
         )
         return cands, preds, hazards
 
