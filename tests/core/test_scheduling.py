@@ -508,6 +508,26 @@ def steps_then_one(directions: list[list[float]], thin: bool = True,
     return model, s
 
 
+def test_a_compressed_job_is_as_long_as_the_uncompressed_one_and_trains_for_the_transfer_it_saves():
+    # Four pis on a slow link, where the model's transfer outweighs an epoch: with the deadline
+    # taken on the smaller transfers, more and shorter jobs would go out, each risking its device.
+    def planned(compression: str) -> tuple[float, list[Assignment]]:
+        s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4), compression=compression),
+                      Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002}))
+        views = [DeviceView(f"d{i}", 600, hb(f"d{i}", 0.0, net_type="cellular"), "pi") for i in range(4)]
+        s.start_round(1)
+        plan = s.plan(1, 0.0, views)
+        return s.deadline, plan
+
+    deadline, float32 = planned("off")
+    for width in ("8", "2"):
+        same, compressed = planned(width)
+        assert same == deadline
+        for full, small in zip(float32, compressed, strict=True):
+            assert small.predicted_s == pytest.approx(full.predicted_s, rel=0.05)
+            assert small.samples > 2 * full.samples
+
+
 def test_a_step_on_one_update_is_thinned_as_far_as_the_fleets_updates_disagree():
     disagree = [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]  # mean direction zero: all noise
     agree = [[1.0, 1.0], [1.1, 0.9], [0.9, 1.1], [1.0, 1.0]]  # nearly the same direction
