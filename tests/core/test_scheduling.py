@@ -511,9 +511,9 @@ def steps_then_one(directions: list[list[float]], thin: bool = True,
 def test_a_compressed_job_is_as_long_as_the_uncompressed_one_and_trains_for_the_transfer_it_saves():
     # Four pis on a slow link, where the model's transfer outweighs an epoch: with the deadline
     # taken on the smaller transfers, more and shorter jobs would go out, each risking its device.
-    def planned(compression: str) -> tuple[float, list[Assignment]]:
-        s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4), compression=compression),
-                      Predictor(model_bytes=1_000_000, class_sps={"pi": 0.002}))
+    def planned(compression: str, seconds_per_sample: float = 0.002) -> tuple[float, list[Assignment]]:
+        s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4, max_epochs=2), compression=compression),
+                      Predictor(model_bytes=1_000_000, class_sps={"pi": seconds_per_sample}))
         views = [DeviceView(f"d{i}", 600, hb(f"d{i}", 0.0, net_type="cellular"), "pi") for i in range(4)]
         s.start_round(1)
         plan = s.plan(1, 0.0, views)
@@ -526,6 +526,12 @@ def test_a_compressed_job_is_as_long_as_the_uncompressed_one_and_trains_for_the_
         for full, small in zip(float32, compressed, strict=True):
             assert small.predicted_s == pytest.approx(full.predicted_s, rel=0.05)
             assert small.samples > 2 * full.samples
+    # A model that trains in no time: the transfer saved would buy thousands of epochs, and
+    # so many local steps take the model wherever its device's data pulls it.
+    _, quick = planned("off", 1e-6)
+    _, quick_compressed = planned("2", 1e-6)
+    assert all(a.samples <= 2 * 600 for a in quick)  # within the cap of two epochs
+    assert [a.samples for a in quick_compressed] == [2 * 2 * 600] * 4  # twice the cap, and no more
 
 
 def test_a_step_on_one_update_is_thinned_as_far_as_the_fleets_updates_disagree():
