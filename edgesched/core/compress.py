@@ -16,9 +16,12 @@ rounding. The gateway sends the global model the same way, as the difference fro
 device already holds (edgesched.core.downlink), so each download also carries what earlier
 ones rounded away.
 
-Which width a job gets (`choose_bits`): the widest whose transfers keep within a share of the
-job's time. A device whose link is fast for its work sends 8 bits; one whose link would hold
-the job up sends 4 or 2 (docs/benchmarks.md measures what that saves and costs).
+Which width a job gets (`choose_bits`): the widest of `ADAPTIVE_BITS` whose transfers keep
+within a share of the job's time. A device whose link is fast for its work sends 8 bits; one
+whose link would hold the job up sends 4. Not 2: three levels round away a fifth to a quarter
+of an update's squared size (4 bits: 1-3 %), and error feedback returns it only with the
+device's next job, which on a fleet whose phones come and go can be minutes away or never
+(docs/benchmarks.md measures what each width saves and costs). A fixed width may still be 2.
 
 Numpy only; `decode` checks everything a payload says against the shapes the gateway expects
 and raises `Malformed` instead of trusting it.
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 BITS = (8, 4, 2)  # the widths a job may be given, widest first
+ADAPTIVE_BITS = (8, 4)  # the widths `choose_bits` picks from, widest first
 DOWNLINK_BITS = 8  # the global model's differences go out at this width
 CLIPS = (1.0, 0.8, 0.6, 0.45, 0.35, 0.25, 0.18)  # a row's scales tried, as shares of its peak's
 
@@ -155,11 +159,11 @@ class ErrorFeedback:
 
 
 def choose_bits(transfer_s: np.ndarray, compute_s: np.ndarray, max_share: float) -> np.ndarray:
-    """Per device, the widest of BITS whose transfers (`transfer_s`: a full float32 model down and
-    up) take at most `max_share` of the job; the narrowest where none does. The download is
-    always DOWNLINK_BITS wide, so only the upload shrinks further."""
-    chosen = np.full(len(transfer_s), BITS[-1], dtype=np.int64)
-    for bits in reversed(BITS[:-1]):
+    """Per device, the widest of ADAPTIVE_BITS whose transfers (`transfer_s`: a full float32 model
+    down and up) take at most `max_share` of the job; the narrowest where none does. The download
+    is always DOWNLINK_BITS wide, so only the upload shrinks further."""
+    chosen = np.full(len(transfer_s), ADAPTIVE_BITS[-1], dtype=np.int64)
+    for bits in reversed(ADAPTIVE_BITS[:-1]):
         moved = transfer_s * transfer_ratio(np.array([bits]))
         fits = moved <= max_share * (moved + compute_s)
         chosen[fits] = bits

@@ -139,12 +139,12 @@ def test_a_slow_link_gets_a_narrower_update_than_a_fast_one() -> None:
     transfer = np.array([0.1, 2.0, 4.0, 20.0, 200.0])  # a float32 model down and up, seconds
     bits = choose_bits(transfer, compute, max_share=0.1)
     assert list(bits) == sorted(bits, reverse=True)
-    assert bits[0] == 8 and bits[-1] == 2
+    assert bits[0] == 8 and bits[-1] == 4  # never 2: three levels lose too much (compress.py)
     moved = transfer * (DOWNLINK_BITS + bits) / 64
-    wider = np.array([{2: 4, 4: 8, 8: 8}[b] for b in bits])
+    wider = np.array([{4: 8, 8: 8}[b] for b in bits])
     wider_moved = transfer * (DOWNLINK_BITS + wider) / 64
     # each got the widest width within its share, where any was
-    assert all(m <= 0.1 * (m + c) or b == 2 for m, c, b in zip(moved, compute, bits, strict=True))
+    assert all(m <= 0.1 * (m + c) or b == 4 for m, c, b in zip(moved, compute, bits, strict=True))
     assert all(w <= b or wm > 0.1 * (wm + c) for w, b, wm, c in zip(wider, bits, wider_moved, compute, strict=True))
 
 
