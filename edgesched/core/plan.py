@@ -149,9 +149,7 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
     window = (late + 1) * deadline
     stretch = np.minimum(cfg.absence_stretch, 1 + cands.risk * absence_s / deadline)
     cap = cfg.max_epochs * stretch * n
-    # The transfer compression saves goes into training, as far as doubling the epochs: a job as
-    # long as the uncompressed one, but not thousands of epochs for a model that trains in no time.
-    work = np.minimum((window - cands.transfer_s) / sps, cap + np.minimum(cands.saved_s / sps, cap))
+    work = np.minimum((window - cands.transfer_s) / sps, cap)
     if fill_s is not None:
         work = np.minimum(work, np.maximum(cfg.deadline_epochs * n, (fill_s - cands.transfer_s) / sps))
     # A device expected to leave gets no longer a job than it is expected to stay: with departures

@@ -508,9 +508,10 @@ def steps_then_one(directions: list[list[float]], thin: bool = True,
     return model, s
 
 
-def test_a_compressed_job_is_as_long_as_the_uncompressed_one_and_trains_for_the_transfer_it_saves():
+def test_a_compressed_job_is_planned_on_float32_transfers_within_the_epoch_cap_and_ends_sooner():
     # Four pis on a slow link, where the model's transfer outweighs an epoch: with the deadline
-    # taken on the smaller transfers, more and shorter jobs would go out, each risking its device.
+    # taken on the smaller transfers, more and shorter jobs would go out, each risking its device;
+    # with the saved transfer spent on more local steps, updates on skewed data drift apart.
     def planned(compression: str, seconds_per_sample: float = 0.002) -> tuple[float, list[Assignment]]:
         s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4, max_epochs=2), compression=compression),
                       Predictor(model_bytes=1_000_000, class_sps={"pi": seconds_per_sample}))
@@ -519,19 +520,14 @@ def test_a_compressed_job_is_as_long_as_the_uncompressed_one_and_trains_for_the_
         plan = s.plan(1, 0.0, views)
         return s.deadline, plan
 
-    deadline, float32 = planned("off")
-    for width in ("8", "2"):
-        same, compressed = planned(width)
-        assert same == deadline
-        for full, small in zip(float32, compressed, strict=True):
-            assert small.predicted_s == pytest.approx(full.predicted_s, rel=0.05)
-            assert small.samples > 2 * full.samples
-    # A model that trains in no time: the transfer saved would buy thousands of epochs, and
-    # so many local steps take the model wherever its device's data pulls it.
-    _, quick = planned("off", 1e-6)
-    _, quick_compressed = planned("2", 1e-6)
-    assert all(a.samples <= 2 * 600 for a in quick)  # within the cap of two epochs
-    assert [a.samples for a in quick_compressed] == [2 * 2 * 600] * 4  # twice the cap, and no more
+    for seconds_per_sample in (0.002, 1e-6):  # a model that trains in no time, too
+        deadline, float32 = planned("off", seconds_per_sample)
+        for width in ("8", "2"):
+            same, compressed = planned(width, seconds_per_sample)
+            assert same == deadline
+            for full, small in zip(float32, compressed, strict=True):
+                assert full.samples <= small.samples <= 2 * 600  # the window's work, within the cap
+                assert small.predicted_s < full.predicted_s
 
 
 def test_a_step_on_one_update_is_thinned_as_far_as_the_fleets_updates_disagree():
