@@ -194,10 +194,10 @@ class Scheduler:
             streaming = {"target_updates": max(1, slots), "max_overselect": 1.0}
         cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(most, least),
                             "max_staleness": knobs.max_staleness, **streaming})
-        # The deadline is taken on float32 transfers: a compressed job carries the work an
-        # uncompressed one would and ends sooner, rather than the deadline shrinking and more,
-        # shorter jobs going out, each of which risks its device's absence. The transfer it saves
-        # buys no extra local steps: on data skewed by user they pull the update apart.
+        # The deadline is taken on float32 transfers: a compressed job carries at least the work
+        # an uncompressed one would (up to the epoch cap) and ends sooner, rather than the deadline
+        # shrinking and more, shorter jobs going out, each of which risks its device's absence. The
+        # transfer it saves buys no local steps beyond the cap (docs/scheduler.md: what they cost).
         uncompressed = dataclasses.replace(everyone, transfer_s=everyone.transfer_s + everyone.saved_s)
         self.deadline = choose_deadline(uncompressed, cfg, self.stretch)
         if not everyone_free:

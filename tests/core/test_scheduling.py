@@ -510,8 +510,8 @@ def steps_then_one(directions: list[list[float]], thin: bool = True,
 
 def test_a_compressed_job_is_planned_on_float32_transfers_within_the_epoch_cap_and_ends_sooner():
     # Four pis on a slow link, where the model's transfer outweighs an epoch: with the deadline
-    # taken on the smaller transfers, more and shorter jobs would go out, each risking its device;
-    # with the saved transfer spent on more local steps, updates on skewed data drift apart.
+    # taken on the smaller transfers, more and shorter jobs would go out, each risking its device.
+    # The transfer saved buys no local steps beyond the cap, however quickly the model trains.
     def planned(compression: str, seconds_per_sample: float = 0.002) -> tuple[float, list[Assignment]]:
         s = Scheduler(SchedulerConfig(PlanConfig(target_updates=4, max_epochs=2), compression=compression),
                       Predictor(model_bytes=1_000_000, class_sps={"pi": seconds_per_sample}))
