@@ -84,7 +84,6 @@ class Candidates:
     transfer_bytes: np.ndarray  # model down + up
     stay_s: np.ndarray  # how long it is expected to stay online (1 / its departure rate; inf: no departures)
     bits: np.ndarray  # the width its update is sent in (edgesched.core.compress; 0: float32, uncompressed)
-    saved_s: np.ndarray  # transfer time its compression saves (upper quantile; 0 uncompressed)
 
     def take(self, index: Sequence[int]) -> Candidates:
         """The candidates at `index`, in that order."""

@@ -178,7 +178,7 @@ class Scheduler:
             free = list(range(len(working)))
         everyone_free = len(free) == len(working)  # then the candidates are everyone, as they are
         readings = Readings([v.heartbeat for v in working])
-        everyone, predictions, hazards = self._candidates(working, readings)
+        everyone, predictions, hazards, float32_transfer_s = self._candidates(working, readings)
         knobs = self.monitor.knobs
         # The monitor lowers max-epochs one at a time; never below the least work a job may be.
         least = math.ceil(self.config.plan.min_epochs)
@@ -198,7 +198,7 @@ class Scheduler:
         # an uncompressed one would (up to the epoch cap) and ends sooner, rather than the deadline
         # shrinking and more, shorter jobs going out, each of which risks its device's absence. The
         # transfer it saves buys no local steps beyond the cap (docs/scheduler.md: what they cost).
-        uncompressed = dataclasses.replace(everyone, transfer_s=everyone.transfer_s + everyone.saved_s)
+        uncompressed = dataclasses.replace(everyone, transfer_s=float32_transfer_s)
         self.deadline = choose_deadline(uncompressed, cfg, self.stretch)
         if not everyone_free:
             everyone, readings, hazards = everyone.take(free), readings.take(free), hazards[free]
@@ -233,10 +233,11 @@ class Scheduler:
         return float(np.partition(cands.epochs_s(self.config.plan.deadline_epochs), kth)[kth])
 
     def _candidates(self, views: Sequence[DeviceView], readings: Readings
-                    ) -> tuple[Candidates, Predictions, np.ndarray]:
+                    ) -> tuple[Candidates, Predictions, np.ndarray, np.ndarray]:
         """Every device's predicted speed, transfer, loss, battery and stay as aligned arrays,
-        with the predictions and each device's departure rate. Column by column: a plan sees
-        every registered device, 100,000 on a large fleet."""
+        with the predictions, each device's departure rate and its transfers were they float32
+        (upper quantile; the deadline's). Column by column: a plan sees every registered
+        device, 100,000 on a large fleet."""
         for v in views:
             if v.speed_test_sps:
                 self.predictor.note_speed_test(v.device, v.speed_test_sps)
@@ -267,9 +268,8 @@ class Scheduler:
             transfer_bytes=2.0 * self.predictor.model_bytes * transfer_ratio(bits),
             stay_s=stay_s,
             bits=bits,
-            saved_s=(full_s - preds.transfer_s) * high,
         )
-        return cands, preds, hazards
+        return cands, preds, hazards, cands.transfer_s + (full_s - preds.transfer_s) * high
 
     def _bits(self, preds: Predictions, samples: np.ndarray) -> np.ndarray:
         """Each device's update width (0: uncompressed): fixed, or chosen from its predicted link

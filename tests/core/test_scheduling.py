@@ -28,7 +28,7 @@ def candidates(sps: list[float], transfer: list[float], samples: int = 600, **ov
         devices=[f"d{i}" for i in range(n)], samples=np.full(n, samples), seconds_per_sample=np.array(sps),
         transfer_s=np.array(transfer), risk=np.zeros(n), loss=np.ones(n), idle_rounds=np.zeros(n),
         energy_samples=np.full(n, math.inf), fits_memory=np.ones(n, dtype=bool), transfer_bytes=np.full(n, 1e6),
-        stay_s=np.full(n, math.inf), bits=np.zeros(n, dtype=np.int64), saved_s=np.zeros(n),
+        stay_s=np.full(n, math.inf), bits=np.zeros(n, dtype=np.int64),
     )
     fields.update(over)
     return Candidates(**fields)
