@@ -3,8 +3,9 @@
 Each run is a separate `edgesched simulate --fleet ...` process (on Ray, it starts clean each
 time; `--engine in-process` trains without Ray, with the same results) writing its own run
 directory; a run whose summary.json exists is not repeated, so an interrupted benchmark picks
-up where it stopped. Every contender runs for the same virtual time (the fleet's
-`time_budget_s`, or `--time-budget`). The table gives, per fleet and dropout level, each
+up where it stopped, and two harnesses on one `--out` wait for each other's runs rather than
+write one twice. Every contender runs for the same virtual time (the fleet's `time_budget_s`, or
+`--time-budget`). The table gives, per fleet and dropout level, each
 contender's virtual time to two targets — 5 points below the fleet's target accuracy, and the
 target — as mean ± standard deviation over the seeds that reached it, with the fastest baseline's
 mean time over its own; its accuracy at a quarter, half and all of the budget; the share of its
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fcntl
 import json
 import math
 import os
@@ -63,24 +65,33 @@ def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | 
     """Run one simulation unless `out` holds a finished one; `fleet` is a shipped fleet's name or a
     fleet file's path; `commit` names the code it runs with."""
     summary = out / "summary.json"
-    if not summary.exists():
-        cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
-               "--seed", str(seed), "--dropout", str(dropout), "--out", str(out), "--engine", engine]
-        if rounds is None and (time_budget is not None or load_fleet(fleet).run.time_budget is not None):
-            rounds = UNCAPPED  # the budget ends the run, not the fleet's step count
-        if rounds is not None:
-            cmd += ["--rounds", str(rounds)]
-        if time_budget is not None:
-            cmd += ["--time-budget", str(time_budget)]
-        if data_dir is not None:
-            cmd += ["--data-dir", str(data_dir)]
-        env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise SystemExit(f"benchmarks.contenders: {' '.join(cmd[2:])} failed: {tail}")
-        (out / "commit.txt").write_text(commit + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".contenders.lock").open("ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another harness on the same --out has this run: wait for it
+        if not summary.exists():
+            _simulate(fleet, dropout, strategy, seed, rounds, out, data_dir, engine, commit, time_budget)
     return json.loads(summary.read_text())
+
+
+def _simulate(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
+              data_dir: Path | None, engine: str, commit: str, time_budget: float | None) -> None:
+    """One `edgesched simulate` process into `out`; its failure ends the benchmark in one line."""
+    cmd = [sys.executable, "-m", "edgesched", "simulate", "--fleet", fleet, "--strategy", strategy,
+           "--seed", str(seed), "--dropout", str(dropout), "--out", str(out), "--engine", engine]
+    if rounds is None and (time_budget is not None or load_fleet(fleet).run.time_budget is not None):
+        rounds = UNCAPPED  # the budget ends the run, not the fleet's step count
+    if rounds is not None:
+        cmd += ["--rounds", str(rounds)]
+    if time_budget is not None:
+        cmd += ["--time-budget", str(time_budget)]
+    if data_dir is not None:
+        cmd += ["--data-dir", str(data_dir)]
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"benchmarks.contenders: {' '.join(cmd[2:])} failed: {tail}")
+    (out / "commit.txt").write_text(commit + "\n")
 
 
 def code_version() -> str:

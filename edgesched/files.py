@@ -1,9 +1,11 @@
-"""Files that a crash never leaves half-written, logs a resumed run continues where it stopped,
-and checkpoints that load no code: checksummed, owner-only, and read by an unpickler that knows
-only the classes a run's state is made of."""
+"""Files that a crash never leaves half-written, run directories one process writes at a time,
+logs a resumed run continues where it stopped, and checkpoints that load no code: checksummed,
+owner-only, and read by an unpickler that knows only the classes a run's state is made of."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -24,6 +26,23 @@ def open_log(path: Path, resume_at: int | None = None, newline: str | None = Non
     f = path.open("r+", newline=newline)
     f.truncate(resume_at)
     f.seek(resume_at)
+    return f
+
+
+def hold_lock(path: Path, busy: str) -> IO[bytes]:
+    """An exclusive lock on `path` for this process, held while the returned file stays open (at
+    most the process's life); `busy` is the one-line error when another process holds it. Two
+    processes writing one run directory would interleave its logs and race on its checkpoint's
+    rename. A POSIX lock, held per process: the holder may open the directory again, as a run
+    cut off and resumed within one process does."""
+    f = path.open("ab")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        f.close()
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            raise ConfigError(busy) from None
+        raise
     return f
 
 

@@ -20,8 +20,8 @@ import numpy as np
 from edgesched.core.decisions import Decision
 from edgesched.core.records import JobRecord, Model, RoundRecord
 from edgesched.errors import ConfigError
-from edgesched.files import atomic_write, open_log
-from edgesched.observe import FLEET_FILE
+from edgesched.files import atomic_write, hold_lock, open_log
+from edgesched.observe import FLEET_FILE, LOCK_FILE
 from edgesched.plots import plot_accuracy, plot_decisions
 
 FLEET_EVERY_S = 1.0  # between steps, fleet.json is rewritten at most this often (wall clock)
@@ -40,9 +40,12 @@ class RunRecorder:
                  rounds: list[RoundRecord] | None = None) -> None:
         """`resume`: the logs' sizes at a checkpoint (`offsets()`); they are cut back to them
         and continued, after `rounds`, the rounds recorded by then."""
+        _make_run_dir(out_dir)
+        self._lock: IO[bytes] | None = hold_lock(out_dir / LOCK_FILE,
+                                                 f"{out_dir}: another process is writing a run there; "
+                                                 "choose another --out")
         if (out_dir / "summary.json").exists():
             raise ConfigError(f"{out_dir} already holds a finished run; choose another --out")
-        _make_run_dir(out_dir)
         self.out_dir = out_dir
         self._onnx = config["dataset"] if config.get("onnx-every-round") else None
         if self._onnx:
@@ -107,6 +110,9 @@ class RunRecorder:
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if self.rounds:
             plot_accuracy(self.rounds, self.out_dir / "accuracy.png")
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
         return summary
 
     def _clients_trained(self) -> int:

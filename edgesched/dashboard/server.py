@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from edgesched.dashboard.metrics import RunCollector
 from edgesched.errors import ConfigError
-from edgesched.observe import RunWatch
+from edgesched.observe import LOCK_FILE, RunWatch
 
 STATIC = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
@@ -90,7 +90,8 @@ def serve(run_dir: Path, host: str, port: int) -> None:
 
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run directory")
-    if not (run_dir / "config.json").exists() and any(run_dir.iterdir()):  # empty: a run about to start
+    starting = all(p.name == LOCK_FILE for p in run_dir.iterdir())  # empty, or a run about to start
+    if not (run_dir / "config.json").exists() and not starting:
         raise ConfigError(f"{run_dir} is not a run directory (it has no config.json)")
     sock = bind(host, port)
     print(f"serving {run_dir} on http://{host}:{port}/ (Ctrl-C stops)", file=sys.stderr, flush=True)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from benchmarks.contenders import accuracy_at, collect, merge, row, table, write_docs
+from benchmarks.contenders import accuracy_at, collect, merge, row, run_one, table, write_docs
 from edgesched.config import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,3 +166,18 @@ def test_a_fleet_file_of_ones_own_runs_and_is_labelled_by_its_name(tmp_path, mon
     r, _ = contenders._timed_run(args, str(mine), 0.3, "edgesched", 0)
     assert r["fleet"] == "my-lab" and (tmp_path / "runs" / "my-lab" / "dropout30" / "edgesched" / "seed0").is_dir()
     assert "### my-lab, 30% dropout" in table([r]) and "Commit: abc." in table([r])  # the table after a run
+
+
+def test_a_run_another_harness_has_started_is_waited_for_not_started_again(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    with (out / ".contenders.lock").open("ab") as held:  # another harness, mid-run
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with ThreadPoolExecutor(1) as pool:
+            # a fleet that does not exist: starting the run again would end in SystemExit
+            waiting = pool.submit(run_one, "no-such-fleet", 0.3, "edgesched", 0, 1, out)
+            time.sleep(0.5)
+            assert not waiting.done()
+            (out / "summary.json").write_text('{"final_accuracy": 0.9}')
+            fcntl.flock(held, fcntl.LOCK_UN)
+            assert waiting.result(timeout=10) == {"final_accuracy": 0.9}

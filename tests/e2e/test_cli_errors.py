@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from edgesched.files import write_checkpoint
+from edgesched.files import hold_lock, write_checkpoint
+from edgesched.observe import LOCK_FILE
 
 
 def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -45,6 +46,15 @@ def test_a_finished_run_is_never_overwritten(tmp_path):
     assert result.returncode == 1
     assert "already holds a finished run" in result.stderr
     assert (tmp_path / "summary.json").read_text() == "{}"
+
+
+def test_a_run_directory_another_process_is_writing_is_refused_untouched(tmp_path):
+    with hold_lock(tmp_path / LOCK_FILE, "held"):  # a run going on there
+        result = _run("simulate", "--dataset", "digits", "--rounds", "1", "--out", str(tmp_path))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another process is writing a run there" in lines[0], result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [LOCK_FILE]
 
 
 def test_help_teaches_the_options():
