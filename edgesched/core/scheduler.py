@@ -194,10 +194,10 @@ class Scheduler:
             streaming = {"target_updates": max(1, slots), "max_overselect": 1.0}
         cfg = PlanConfig(**{**asdict(self.config.plan), "max_epochs": max(most, least),
                             "max_staleness": knobs.max_staleness, **streaming})
-        # The deadline is taken on float32 transfers: a compressed job carries at least the work
-        # an uncompressed one would (up to the epoch cap) and ends sooner, rather than the deadline
-        # shrinking and more, shorter jobs going out, each of which risks its device's absence. The
-        # transfer it saves buys no local steps beyond the cap (docs/scheduler.md: what they cost).
+        # The deadline is taken on float32 transfers: a compressed job fills the window an
+        # uncompressed one would, so it carries at least that job's work (the transfer it saves
+        # buys local steps up to the epoch cap, no further: docs/scheduler.md), rather than the
+        # deadline shrinking and more, shorter jobs going out, each risking its device's absence.
         uncompressed = dataclasses.replace(everyone, transfer_s=float32_transfer_s)
         self.deadline = choose_deadline(uncompressed, cfg, self.stretch)
         if not everyone_free:
