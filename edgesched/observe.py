@@ -36,7 +36,7 @@ from edgesched.core.events import Dispatched, DroppedOut, Event, RoundEnded, Upl
 from edgesched.core.registry import DeviceState, RegistrySnapshot
 
 FLEET_FILE = "fleet.json"
-LOCK_FILE = ".lock"  # held by the process writing a run, until its summary is out
+LOCK_FILE = ".lock"  # held by the process writing a run; removed once its summary is out
 STATES = ("training", "online", "stale", "offline")  # a device's state, busiest first
 TIMELINE_SPANS = 600  # the newest job spans a view carries
 RECENT_DECISIONS = 40

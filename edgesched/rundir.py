@@ -40,13 +40,17 @@ class RunRecorder:
                  rounds: list[RoundRecord] | None = None) -> None:
         """`resume`: the logs' sizes at a checkpoint (`offsets()`); they are cut back to them
         and continued, after `rounds`, the rounds recorded by then."""
+        _refuse_finished(out_dir)
         _make_run_dir(out_dir)
         self._lock: IO[bytes] | None = hold_lock(out_dir / LOCK_FILE,
                                                  f"{out_dir}: another process is writing a run there; "
                                                  "choose another --out")
-        if (out_dir / "summary.json").exists():
-            raise ConfigError(f"{out_dir} already holds a finished run; choose another --out")
         self.out_dir = out_dir
+        try:
+            _refuse_finished(out_dir)  # again: a run that finished while the lock was being taken
+        except ConfigError:
+            self._release()
+            raise
         self._onnx = config["dataset"] if config.get("onnx-every-round") else None
         if self._onnx:
             from edgesched.export import require
@@ -110,10 +114,15 @@ class RunRecorder:
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if self.rounds:
             plot_accuracy(self.rounds, self.out_dir / "accuracy.png")
+        self._release()  # summary.json now refuses any other writer
+        return summary
+
+    def _release(self) -> None:
+        """Give up the run directory, leaving no .lock behind."""
         if self._lock is not None:
+            (self.out_dir / LOCK_FILE).unlink(missing_ok=True)
             self._lock.close()
             self._lock = None
-        return summary
 
     def _clients_trained(self) -> int:
         """Clients (data shards) with at least one update in the model. With data split by user,
@@ -142,6 +151,11 @@ class RunRecorder:
             self._decisions.close()
         if log:
             plot_decisions(log, self.out_dir / "decisions.png")
+
+
+def _refuse_finished(out_dir: Path) -> None:
+    if (out_dir / "summary.json").exists():
+        raise ConfigError(f"{out_dir} already holds a finished run; choose another --out")
 
 
 def _make_run_dir(out_dir: Path) -> None:

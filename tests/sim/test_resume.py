@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
+from edgesched.observe import LOCK_FILE
 from edgesched.simulations import checkpoint, fleet_run
 from edgesched.simulations.fleet import load_fleet
 
@@ -71,6 +72,7 @@ def test_a_run_stopped_after_a_step_resumes_to_the_same_bytes(tmp_path, monkeypa
     adaptive = strategy.startswith("edgesched")
     for name in ("model.npz", "events.jsonl", "jobs.csv") + (("decisions.jsonl",) if adaptive else ()):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert not (tmp_path / "whole" / LOCK_FILE).exists() and not (tmp_path / "cut" / LOCK_FILE).exists()
 
 
 def test_slow_checkpoints_are_written_less_often_and_leave_the_run_unchanged(tmp_path, monkeypatch):
