@@ -269,7 +269,7 @@ class Scheduler:
             stay_s=stay_s,
             bits=bits,
         )
-        return cands, preds, hazards, cands.transfer_s + (full_s - preds.transfer_s) * high
+        return cands, preds, hazards, full_s * high
 
     def _bits(self, preds: Predictions, samples: np.ndarray) -> np.ndarray:
         """Each device's update width (0: uncompressed): fixed, or chosen from its predicted link
