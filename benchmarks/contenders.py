@@ -57,6 +57,7 @@ START, END = "<!-- contenders:start -->", "<!-- contenders:end -->"
 # a second target this far below it gives every contender a time, so ratios are not bounds.
 EASIER = 0.05
 UNCAPPED = 1_000_000  # steps: with a time budget, every contender runs until it is spent
+RUN_LOCK = ".contenders.lock"  # in a run's folder: the harness running it; another one waits
 
 
 def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | None, out: Path,
@@ -66,7 +67,7 @@ def run_one(fleet: str, dropout: float, strategy: str, seed: int, rounds: int | 
     fleet file's path; `commit` names the code it runs with."""
     summary = out / "summary.json"
     out.mkdir(parents=True, exist_ok=True)
-    with (out / ".contenders.lock").open("ab") as held:
+    with (out / RUN_LOCK).open("ab") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another harness on the same --out has this run: wait for it
         if not summary.exists():
             _simulate(fleet, dropout, strategy, seed, rounds, out, data_dir, engine, commit, time_budget)

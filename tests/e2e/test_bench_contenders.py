@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.contenders import accuracy_at, collect, merge, row, run_one, table, write_docs
+from benchmarks.contenders import RUN_LOCK, accuracy_at, collect, merge, row, run_one, table, write_docs
 from edgesched.config import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +171,7 @@ def test_a_fleet_file_of_ones_own_runs_and_is_labelled_by_its_name(tmp_path, mon
 def test_a_run_another_harness_has_started_is_waited_for_not_started_again(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    with (out / ".contenders.lock").open("ab") as held:  # another harness, mid-run
+    with (out / RUN_LOCK).open("ab") as held:  # another harness, mid-run
         fcntl.flock(held, fcntl.LOCK_EX)
         with ThreadPoolExecutor(1) as pool:
             # a fleet that does not exist: starting the run again would end in SystemExit
