@@ -116,6 +116,7 @@ class SchedulerSettings:
     paced_staleness: bool = True  # streamed bounds at the steps' pace; a step of late updates moves the model less
     loss_utility: bool = False  # true: a device's value grows with its last training loss (Oort); false: data alone
     server_lr: float = 1.0
+    min_server_lr: float = 0.25  # feedback halves server-lr down to this, not below (>= server-lr: never)
     thin_steps: bool = True  # a step on fewer than clients-per-round updates is scaled by how much updates agree
     fairness_rounds: float = 5.0
     gateway_mbps: float = 0.0
@@ -140,6 +141,7 @@ class SchedulerSettings:
         _require(self.max_overselect >= 1, "max-overselect", "must be >= 1", self.max_overselect)
         _require(0 < self.min_round_share <= 1, "min-round-share", "must be in (0, 1]", self.min_round_share)
         _require(self.server_lr > 0, "server-lr", "must be > 0", self.server_lr)
+        _require(self.min_server_lr > 0, "min-server-lr", "must be > 0", self.min_server_lr)
         _require(self.stream_hold in HOLD_CHOICES, "stream-hold", f"must be one of {', '.join(HOLD_CHOICES)}",
                  self.stream_hold)
         _require(self.stream_hold == "always" or not self.early_step, "early-step",

@@ -14,12 +14,12 @@ measures the loss's own noise and calls the training unstable only when:
   the next large one as divergence. It is judged once `min_history` losses are in.
 
 When unstable, it lowers, one notch each, the most local epochs, the staleness it accepts and
-the server's step size. Local epochs go no lower than `min_epochs`, FedAvg's own: the epochs
-above it are what makes local models drift apart, and cutting below it starved training. After
-`patience` calm steps it gives one notch back, up to the configured values; if the step right
-after giving back is unstable, the patience doubles, so a fleet that cannot take the configured
-values stops being tried at them every few steps. Every change is returned with its reason so
-the decision log can show why.
+the server's step size (halved, down to `min_server_lr`, and never raised by it). Local epochs
+go no lower than `min_epochs`, FedAvg's own: the epochs above it are what makes local models
+drift apart, and cutting below it starved training. After `patience` calm steps it gives one
+notch back, up to the configured values; if the step right after giving back is unstable, the
+patience doubles, so a fleet that cannot take the configured values stops being tried at them
+every few steps. Every change is returned with its reason so the decision log can show why.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class FeedbackConfig:
     blowup: float = 2.0  # a loss twice the best recent level is divergence at once
     patience: int = 3  # calm steps before giving a notch back (doubles after a failed give-back)
     max_patience: int = 48
-    min_server_lr: float = 0.25
+    min_server_lr: float = 0.25  # the least the server step is halved to (at or above the configured one: never)
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class ConvergenceMonitor:
         k, top = self.knobs, self.ceiling
         if tighter:
             new = Knobs(max(self.min_epochs, k.max_epochs - 1), max(0, k.max_staleness - 1),
-                        max(self.config.min_server_lr, k.server_lr / 2))
+                        max(min(self.config.min_server_lr, top.server_lr), k.server_lr / 2))
         else:
             new = Knobs(min(top.max_epochs, k.max_epochs + 1), min(top.max_staleness, k.max_staleness + 1),
                         min(top.server_lr, k.server_lr * 2))

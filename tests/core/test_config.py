@@ -38,6 +38,7 @@ def test_switches_take_booleans_or_their_words(value, expected):
         ({"match-max-loss": 1.5}, "match-max-loss"),
         ({"priced-max-loss": 0}, "priced-max-loss"),
         ({"priced-max-loss": 1.5}, "priced-max-loss"),
+        ({"min-server-lr": 0}, "min-server-lr"),
     ],
 )
 def test_bad_values_name_their_key(values, key):
@@ -94,3 +95,11 @@ def test_scheduler_settings_change_a_fleet_run_and_nothing_else():
 def test_scheduler_settings_are_refused_by_name(text, says):
     with pytest.raises(ConfigError, match=says):
         parse_scheduler_keys(text)
+
+
+def test_the_server_steps_floor_reaches_the_convergence_feedback():
+    from edgesched.core.feedback import FeedbackConfig
+    from edgesched.core.policies import scheduler_config
+
+    assert scheduler_config(RunConfig()).feedback == FeedbackConfig()  # the default floor, 0.25
+    assert scheduler_config(RunConfig.from_mapping({"min-server-lr": 1.0})).feedback.min_server_lr == 1.0

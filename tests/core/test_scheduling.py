@@ -12,7 +12,7 @@ from edgesched.core.aggregate import Update, fednova, momentum_steps, staleness_
 from edgesched.core.agreement import Agreement, spread
 from edgesched.core.decisions import Arrived, RoundPlanned, Thinned
 from edgesched.core.engine import Job
-from edgesched.core.feedback import ConvergenceMonitor, Knobs
+from edgesched.core.feedback import ConvergenceMonitor, FeedbackConfig, Knobs
 from edgesched.core.fleet import DeviceView, device_view
 from edgesched.core.plan import Assignment, Candidates, PlanConfig, choose_deadline, plan_round
 from edgesched.core.predict import TRAIN_OVER_INFER, Predictor, PredictorConfig
@@ -451,6 +451,19 @@ def test_a_blown_up_or_non_finite_loss_tightens_at_once_and_calm_gives_back():
     for step in range(5, 8):
         changes = m.observe(step, 0.7)
     assert m.knobs == Knobs(2, 2, 0.5) and changes[0].reason == "3 calm steps"
+
+
+def test_feedback_halves_the_server_step_only_down_to_its_floor_and_never_raises_it():
+    def after_three_blowups(server_lr: float, floor: float) -> float:
+        m = ConvergenceMonitor(Knobs(max_epochs=10, max_staleness=3, server_lr=server_lr),
+                               FeedbackConfig(min_server_lr=floor))
+        for step in range(1, 4):
+            m.observe(step, math.inf)
+        return m.knobs.server_lr
+
+    assert after_three_blowups(1.0, 0.25) == 0.25
+    assert after_three_blowups(1.0, 1.0) == 1.0  # min-server-lr = server-lr: the step is never lowered
+    assert after_three_blowups(0.2, 0.25) == 0.2  # a floor above the configured step does not raise it
 
 
 def test_feedback_takes_back_epochs_only_down_to_fedavgs_own():

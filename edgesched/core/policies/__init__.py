@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from edgesched.config import RunConfig, SchedulerSettings
+from edgesched.core.feedback import FeedbackConfig
 from edgesched.core.pace import PACES, BanditConfig, FixedPacer, LearnedPacer
 from edgesched.core.plan import PlanConfig
 from edgesched.core.policies.edgesched import EdgeschedPolicy
@@ -70,4 +71,5 @@ def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
     return SchedulerConfig(plan=plan, server_lr=s.server_lr, thin_steps=s.thin_steps,
                            battery_reserve=s.battery_reserve, guard=guard, step_fill=s.step_fill,
                            robust=s.robust_aggregation, compression=s.compression, staleness_damping=s.paced_staleness,
-                           max_transfer_share=s.max_transfer_share)
+                           max_transfer_share=s.max_transfer_share,
+                           feedback=FeedbackConfig(min_server_lr=s.min_server_lr))
