@@ -37,6 +37,7 @@ ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines upda
 COMPRESSION = ("off", "adaptive", "8", "4", "2")  # updates' width (edgesched.core.compress)
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
 PACE_CHOICES = ("learned", *PACES)  # the adaptive scheduler's pace (edgesched.core.pace)
+PACE_REWARDS = ("loss", "error")  # what the learned pace's blocks are judged by (edgesched.core.pace)
 HOLD_CHOICES = ("always", "priced", "never")  # streaming: is a device whose update waits for the step held
 ENGINES = ("ray", "in-process")  # where a virtual fleet's real training runs (edgesched.simulations)
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -50,7 +51,8 @@ ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-
              "edgesched-no-reserve", *(f"edgesched-pace-{name}" for name in PACE_CHOICES), "edgesched-compressed",
              "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-no-absence",
              "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold", "edgesched-priced",
-             "edgesched-no-calm", "edgesched-loss-driven", "edgesched-no-paced-staleness", "edgesched-loss-utility")
+             "edgesched-no-calm", "edgesched-loss-driven", "edgesched-no-paced-staleness", "edgesched-loss-utility",
+             "edgesched-error-reward")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -127,6 +129,7 @@ class SchedulerSettings:
     pace: str = "learned"  # when devices get work and the server steps: "stream", "rounds", or "learned" in the run
     matched_spans: bool = True  # learned pace: each pace judged over as long a span as the other's last block
     match_max_loss: float = 0.05  # matched spans: only while the fleet loses less than this share of its jobs
+    pace_reward: str = "loss"  # learned pace: a block is judged by how fast the test "loss" or "error" rate fell
     compression: str = "off"  # "adaptive" per job from the device's link, or a fixed width in bits
     max_transfer_share: float = 0.1  # adaptive: the widest update whose transfers stay within this share of a job
 
@@ -159,6 +162,8 @@ class SchedulerSettings:
         _require(0 < self.priced_max_loss <= 1, "priced-max-loss", "must be in (0, 1] (1: always priced)",
                  self.priced_max_loss)
         _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
+        _require(self.pace_reward in PACE_REWARDS, "pace-reward", f"must be one of {', '.join(PACE_REWARDS)}",
+                 self.pace_reward)
         _require(self.compression in COMPRESSION, "compression", f"must be one of {', '.join(COMPRESSION)}",
                  self.compression)
         _require(0 < self.max_transfer_share < 1, "max-transfer-share", "must be in (0, 1)", self.max_transfer_share)

@@ -40,7 +40,9 @@
     edgesched.core.policies.edgesched and edgesched.core.aggregate.staleness_damping);
     `edgesched-loss-utility`: a device's value in the selection is its data times its last loss,
     not its data alone (`loss-utility`, edgesched.core.plan); `edgesched-loss-driven`: both, the
-    scheduler's selection and streamed steps until 2026-12-04 (`edgesched-no-calm` keeps them too).
+    scheduler's selection and streamed steps until 2026-12-04 (`edgesched-no-calm` keeps them too);
+    `edgesched-error-reward`: the learned pace judges its blocks by the test error rate's fall,
+    not the loss's (`pace-reward = "error"`, edgesched.core.pace).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -93,6 +95,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-loss-driven": lambda cfg: LOSS_DRIVEN,
     "edgesched-no-paced-staleness": lambda cfg: {"paced-staleness": False},
     "edgesched-loss-utility": lambda cfg: {"loss-utility": True},
+    "edgesched-error-reward": lambda cfg: {"pace-reward": "error"},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

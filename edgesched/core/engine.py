@@ -98,7 +98,7 @@ class Policy(Protocol):
     def aggregate(self, model: Weights, now: float) -> tuple[Weights, int]:
         """The new global model and the number of updates in it."""
 
-    def after_step(self, step: int, now: float, loss: float) -> None: ...
+    def after_step(self, step: int, now: float, loss: float, accuracy: float) -> None: ...
 
 
 @dataclass
@@ -214,7 +214,7 @@ class Engine:
         if taken is None:
             return
         loss, accuracy = taken.scored.result() if taken.scored is not None else self.evaluate(taken.model)
-        self.policy.after_step(taken.step, self.clock.now(), loss)
+        self.policy.after_step(taken.step, self.clock.now(), loss, accuracy)
         intake = taken.intake
         record = round_record(taken.step, loss, accuracy, intake.jobs, intake.selected, taken.used, intake.failed,
                               taken.seconds, taken.virtual_seconds)

@@ -11,7 +11,10 @@ A pacer chooses the pace for each block of server steps: `FixedPacer` always the
 `LearnedPacer` learns which pace trains fastest on this fleet, in the run. It is a bandit over
 paces (discounted UCB, Garivier and Moulines 2011): each block of `block_steps` steps is played
 at one pace and rewarded with how fast the global loss fell during it, in log loss per second
-(the least-squares slope over the block's steps). The loss swings from step to step, so a block
+(the least-squares slope over the block's steps); with `reward = "error"`, how fast the error
+rate (one minus the accuracy) fell instead: a model that grows confident on the few users online
+can raise the test loss while its accuracy climbs, and the loss would then judge the pace that
+made it climb as the worse one (docs/scheduler.md). The loss swings from step to step, so a block
 is six steps: a slope over three was mostly noise, and the bandit only took turns. With
 `match_spans`, a block also lasts at least as long as the other pace's last six steps took (six
 rounds at the scheduler's deadline while rounds are untried). Six streamed steps can take a tenth
@@ -42,6 +45,7 @@ class Pace:
     hold: bool  # free devices wait for the next step's round
 
 
+ERROR_FLOOR = 1e-3  # an error rate of 0 counts as this: a perfect step is not an infinite fall
 ROUNDS, STREAM = Pace("rounds", hold=True), Pace("stream", hold=False)
 PACES = {p.name: p for p in (STREAM, ROUNDS)}  # in the order a learned pace first tries them
 
@@ -60,7 +64,8 @@ class FixedPacer:
         self._told = True
         return self.pace, why
 
-    def observe(self, step: int, now: float, loss: float, loss_rate: float = 0.0) -> None:
+    def observe(self, step: int, now: float, loss: float, loss_rate: float = 0.0,
+                accuracy: float = math.nan) -> None:
         """A fixed pace learns nothing."""
 
 
@@ -71,6 +76,7 @@ class BanditConfig:
     explore: float = 0.5  # width of the confidence bonus, in the rewards' own spread
     match_spans: bool = True  # a block lasts at least as long as the other paces' last block_steps steps
     match_max_loss: float = 0.05  # ... while the fleet's per-job loss rate is below this
+    reward: str = "loss"  # what a block is judged by the fall of: the global "loss" or "error" rate
 
 
 @dataclass
@@ -148,12 +154,14 @@ class LearnedPacer:
     def _losing_much(self) -> bool:
         return self.config.match_spans and self._loss_rate >= self.config.match_max_loss
 
-    def observe(self, step: int, now: float, loss: float, loss_rate: float = 0.0) -> None:
-        """The global loss after `step` (a step of the block being played), and the fleet's
-        per-job loss rate then."""
+    def observe(self, step: int, now: float, loss: float, loss_rate: float = 0.0,
+                accuracy: float = math.nan) -> None:
+        """The global loss and accuracy after `step` (a step of the block being played), and the
+        fleet's per-job loss rate then."""
         self._loss_rate = loss_rate
         self._block_left -= 1
-        self._points.append((now, math.log(max(loss, FLOOR)) if math.isfinite(loss) else math.inf))
+        judged, floor = (1.0 - accuracy, ERROR_FLOOR) if self.config.reward == "error" else (loss, FLOOR)
+        self._points.append((now, math.log(max(judged, floor)) if math.isfinite(judged) else math.inf))
         if self._block_left == 0:
             self.arms[self._current].span = now - self._block_start
         if self._block_left <= 0 and now - self._block_start >= self._min_span():
@@ -182,7 +190,7 @@ class LearnedPacer:
         best = max(range(len(scores)), key=lambda i: (scores[i], -i))
         board = ", ".join(f"{a.pace.name} {a.mean():.4g}/s over {a.weight:.2f} blocks (bound {s:.4g})"
                           for a, s in zip(self.arms, scores, strict=True))
-        return best, f"highest bound on log-loss fall per second: {board}"
+        return best, f"highest bound on log-{self.config.reward} fall per second: {board}"
 
 
 def fall_rate(points: Sequence[tuple[float, float]]) -> float:

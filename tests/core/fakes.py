@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgesched.core.engine import Engine, EngineState, Policy
+from edgesched.core.engine import Engine, EngineState, Evaluate, Policy
 from edgesched.core.events import Event
 from edgesched.core.fleet import DeviceView
 from edgesched.core.records import JobMetrics, JobRecord, Model, RoundRecord
@@ -116,12 +116,13 @@ class ScriptedTransport:
 
 
 def run(policy: Policy, transport: ScriptedTransport, fleet: Fleet, steps: int, weights: Model | None = None,
-        until: float | None = None, overlap: bool = False) -> tuple[EngineState, list[tuple[RoundRecord,
-                                                                                             list[JobRecord]]]]:
-    """Run the engine; the records of each step."""
+        until: float | None = None, overlap: bool = False,
+        evaluate: Evaluate | None = None) -> tuple[EngineState, list[tuple[RoundRecord, list[JobRecord]]]]:
+    """Run the engine; the records of each step. A model scores (the sum of its first array, 50 %)
+    unless `evaluate` says otherwise."""
     state = EngineState.start(weights or {"w": np.zeros(3, dtype=np.float32)})
     records: list[tuple[RoundRecord, list[JobRecord]]] = []
-    engine = Engine(policy, transport, transport.clock, fleet, lambda w: (float(np.sum(w[0])), 0.5),
+    engine = Engine(policy, transport, transport.clock, fleet, evaluate or (lambda w: (float(np.sum(w[0])), 0.5)),
                     lambda record, jobs, model: records.append((record, jobs)), lambda: 0.0, overlap=overlap)
     engine.run(state, steps, until)
     return state, records

@@ -307,6 +307,49 @@ def test_a_pace_that_blows_the_loss_up_is_scored_worst():
     assert pacer.choose(3, 2.0)[0].name == "calm"
 
 
+def test_judged_by_the_error_rate_a_pace_that_raises_the_loss_while_accuracy_climbs_wins():
+    # Streaming makes the model confident on the users online: the test loss rises 2 % a second
+    # while the error rate falls 3 %; rounds hold both level. By the loss rounds win, by the error
+    # rate streaming, and the reason names what was judged.
+    def played(reward: str) -> tuple[list[str], str]:
+        pacer = LearnedPacer(list(PACES.values()), replace(PLAIN, block_steps=3, reward=reward))
+        log_loss, log_error, names = 0.0, math.log(0.3), []
+        for step in range(1, 61):
+            pace, _ = pacer.choose(step, float(step - 1))
+            names.append(pace.name)
+            if pace.name == "stream":
+                log_loss, log_error = log_loss + 0.02, log_error - 0.03
+            pacer.observe(step, float(step), math.exp(log_loss), accuracy=1 - math.exp(log_error))
+        why = pacer.choose(61, 60.0)[1] or ""
+        return names[6:], why
+
+    by_loss, why_loss = played("loss")
+    by_error, why_error = played("error")
+    assert by_loss.count("rounds") > 0.7 * len(by_loss) and by_error.count("stream") > 0.7 * len(by_error)
+    assert "log-loss fall" in why_loss and "log-error fall" in why_error
+
+
+@pytest.mark.parametrize("reward", ["loss", "error"])
+def test_the_engine_shows_the_learned_pace_the_steps_accuracy(reward):
+    # The loss stays at 1 while the accuracy climbs 1 point a step: judged by the error rate the
+    # first block fell, judged by the loss it stood still.
+    scores = iter((1.0, 0.5 + 0.01 * i) for i in range(100))
+    policy = edgesched(2, "learned", **{"pace-reward": reward, "matched-spans": False})
+    run(policy, ScriptedTransport(StepClock(), {"d0": 1.0, "d1": 1.0}), Fleet(2), steps=6,
+        evaluate=lambda w: next(scores))
+    first = policy.pacer.arms[0]
+    assert isinstance(policy.pacer, LearnedPacer) and first.weight == 1.0
+    assert (first.mean() > 0) == (reward == "error") and first.mean() >= 0
+
+
+def test_a_perfect_step_is_a_finite_fall_of_the_error_rate():
+    pacer = LearnedPacer([PACES["stream"]], replace(PLAIN, block_steps=2, reward="error"))
+    pacer.choose(1, 0.0)
+    pacer.observe(1, 1.0, 0.4, accuracy=0.9)
+    pacer.observe(2, 2.0, 0.1, accuracy=1.0)
+    assert pacer.arms[0].mean() == pytest.approx(math.log(0.1 / 1e-3))  # from 10 % to 0.1 % in a second, not to 0
+
+
 def play_timed(pacer: LearnedPacer, rate: dict[str, float], seconds: dict[str, float], until: float,
                noise: float, seed: int = 0) -> list[str]:
     """As `play`, but a step of each pace takes its own virtual seconds, until `until`, and each

@@ -52,7 +52,8 @@ def pacer(s: SchedulerSettings) -> FixedPacer | LearnedPacer:
     if s.pace != "learned":
         return FixedPacer(PACES[s.pace])
     return LearnedPacer(list(PACES.values()),
-                        BanditConfig(match_spans=s.matched_spans, match_max_loss=s.match_max_loss))
+                        BanditConfig(match_spans=s.matched_spans, match_max_loss=s.match_max_loss,
+                                     reward=s.pace_reward))
 
 
 def scheduler_config(cfg: RunConfig) -> SchedulerConfig:

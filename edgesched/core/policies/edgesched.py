@@ -236,8 +236,8 @@ class EdgeschedPolicy:
     def aggregate(self, model: Weights, now: float) -> tuple[Weights, int]:
         return self.scheduler.close_round(model, now)
 
-    def after_step(self, step: int, now: float, loss: float) -> None:
+    def after_step(self, step: int, now: float, loss: float, accuracy: float) -> None:
         if self.paced_staleness and not self.pace.hold:
             self._streamed.append(now - self._began)
         self.scheduler.after_round(step, now, loss)
-        self.pacer.observe(step, now, loss, self.scheduler.risk.fleet_rate())
+        self.pacer.observe(step, now, loss, self.scheduler.risk.fleet_rate(), accuracy)

@@ -99,7 +99,7 @@ class FedAvg:
         sizes = [r.metrics.num_examples for r in replies if r.metrics is not None]
         return weighted_average(trained, sizes, in_model_dtype=self.flower_sum), len(replies)
 
-    def after_step(self, step: int, now: float, loss: float) -> None:
+    def after_step(self, step: int, now: float, loss: float, accuracy: float) -> None:
         """FedAvg has no feedback."""
 
 

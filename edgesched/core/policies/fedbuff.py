@@ -82,6 +82,6 @@ class FedBuff:
                 for i in range(len(model))]
         return apply_step(model, step, self.server_lr), len(buffer)
 
-    def after_step(self, step: int, now: float, loss: float) -> None:
+    def after_step(self, step: int, now: float, loss: float, accuracy: float) -> None:
         """FedBuff has no feedback."""
 
