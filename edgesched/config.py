@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from edgesched.core.pace import PACES
+from edgesched.core.pace import PACES, REWARDS
 from edgesched.errors import ConfigError
 
 # The choices live here, with the validation, so that importing the config (as the CLI and the
@@ -37,7 +37,6 @@ ROBUST = ("none", "trimmed-mean", "median")  # how the server step combines upda
 COMPRESSION = ("off", "adaptive", "8", "4", "2")  # updates' width (edgesched.core.compress)
 LARGE_UPDATE = ("clip", "refuse")  # what becomes of an update far larger than usual
 PACE_CHOICES = ("learned", *PACES)  # the adaptive scheduler's pace (edgesched.core.pace)
-PACE_REWARDS = ("loss", "error")  # what the learned pace's blocks are judged by (edgesched.core.pace)
 HOLD_CHOICES = ("always", "priced", "never")  # streaming: is a device whose update waits for the step held
 ENGINES = ("ray", "in-process")  # where a virtual fleet's real training runs (edgesched.simulations)
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"
@@ -162,7 +161,7 @@ class SchedulerSettings:
         _require(0 < self.priced_max_loss <= 1, "priced-max-loss", "must be in (0, 1] (1: always priced)",
                  self.priced_max_loss)
         _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
-        _require(self.pace_reward in PACE_REWARDS, "pace-reward", f"must be one of {', '.join(PACE_REWARDS)}",
+        _require(self.pace_reward in REWARDS, "pace-reward", f"must be one of {', '.join(REWARDS)}",
                  self.pace_reward)
         _require(self.compression in COMPRESSION, "compression", f"must be one of {', '.join(COMPRESSION)}",
                  self.compression)

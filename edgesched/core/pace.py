@@ -48,6 +48,7 @@ class Pace:
 ERROR_FLOOR = 1e-3  # an error rate of 0 counts as this: a perfect step is not an infinite fall
 ROUNDS, STREAM = Pace("rounds", hold=True), Pace("stream", hold=False)
 PACES = {p.name: p for p in (STREAM, ROUNDS)}  # in the order a learned pace first tries them
+REWARDS = ("loss", "error")  # what a learned pace's blocks can be judged by the fall of
 
 
 class FixedPacer:
