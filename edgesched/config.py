@@ -51,7 +51,7 @@ ABLATIONS = ("edgesched-no-prediction", "edgesched-no-staleness", "edgesched-no-
              "edgesched-compressed-8", "edgesched-early-step", "edgesched-matched-spans", "edgesched-no-absence",
              "edgesched-eager-rounds", "edgesched-step-fill", "edgesched-no-hold", "edgesched-priced",
              "edgesched-no-calm", "edgesched-loss-driven", "edgesched-no-paced-staleness", "edgesched-loss-utility",
-             "edgesched-error-reward")
+             "edgesched-error-reward", "edgesched-short-rounds")
 STRATEGIES = (*BASELINES, "edgesched", *ABLATIONS, "oracle")
 
 # Per data set: where it is found and how it is split by default, into how many clients.
@@ -129,6 +129,7 @@ class SchedulerSettings:
     matched_spans: bool = True  # learned pace: each pace judged over as long a span as the other's last block
     match_max_loss: float = 0.05  # matched spans: only while the fleet loses less than this share of its jobs
     pace_reward: str = "loss"  # learned pace: a block is judged by how fast the test "loss" or "error" rate fell
+    lossy_rounds_steps: int = 6  # learned pace: steps in a block of rounds while spans go unmatched for losses
     compression: str = "off"  # "adaptive" per job from the device's link, or a fixed width in bits
     max_transfer_share: float = 0.1  # adaptive: the widest update whose transfers stay within this share of a job
 
@@ -163,6 +164,8 @@ class SchedulerSettings:
         _require(self.pace in PACE_CHOICES, "pace", f"must be one of {', '.join(PACE_CHOICES)}", self.pace)
         _require(self.pace_reward in REWARDS, "pace-reward", f"must be one of {', '.join(REWARDS)}",
                  self.pace_reward)
+        _require(self.lossy_rounds_steps >= 1, "lossy-rounds-steps", "must be >= 1",
+                 self.lossy_rounds_steps)
         _require(self.compression in COMPRESSION, "compression", f"must be one of {', '.join(COMPRESSION)}",
                  self.compression)
         _require(0 < self.max_transfer_share < 1, "max-transfer-share", "must be in (0, 1)", self.max_transfer_share)

@@ -42,7 +42,9 @@
     not its data alone (`loss-utility`, edgesched.core.plan); `edgesched-loss-driven`: both, the
     scheduler's selection and streamed steps until 2026-12-04 (`edgesched-no-calm` keeps them too);
     `edgesched-error-reward`: the learned pace judges its blocks by the test error rate's fall,
-    not the loss's (`pace-reward = "error"`, edgesched.core.pace).
+    not the loss's (`pace-reward = "error"`, edgesched.core.pace); `edgesched-short-rounds`: where
+    the fleet loses 5 % of its jobs or more, the learned pace plays rounds in blocks of three steps,
+    not six (`lossy-rounds-steps = 3`).
   - `oracle`: edgesched's planner fed the true future instead of predictions (simulations.oracle).
 """
 
@@ -96,6 +98,7 @@ ABLATIONS: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
     "edgesched-no-paced-staleness": lambda cfg: {"paced-staleness": False},
     "edgesched-loss-utility": lambda cfg: {"loss-utility": True},
     "edgesched-error-reward": lambda cfg: {"pace-reward": "error"},
+    "edgesched-short-rounds": lambda cfg: {"lossy-rounds-steps": 3},
     "edgesched-compressed": lambda cfg: {"compression": "adaptive"},
     "edgesched-compressed-8": lambda cfg: {"compression": "8"},
 }

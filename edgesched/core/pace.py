@@ -23,7 +23,9 @@ noise, and the exploration spent most of the time on the slower pace (docs/sched
 are matched only while the fleet loses less than `match_max_loss` of its jobs: where it loses
 more, a streamed block as long as six rounds commits a fleet of stale and lost updates to
 streaming for much of a run, and the blocks go back to six steps, judged the moment the loss
-rate passes the cap. Old
+rate passes the cap. There a block of rounds can be made shorter (`lossy_rounds_steps`): six
+rounds last about a minute on a phone fleet, and streaming often reaches the target inside
+the opening's block of them (docs/scheduler.md). Old
 blocks count less and less (`discount` per block): a pace that led while the model was young must
 prove itself again later; the confidence bonus's scale, the rewards' spread, is discounted alike
 (see `_spread`). Every choice is returned with its reason for decisions.jsonl. No
@@ -78,6 +80,8 @@ class BanditConfig:
     match_spans: bool = True  # a block lasts at least as long as the other paces' last block_steps steps
     match_max_loss: float = 0.05  # ... while the fleet's per-job loss rate is below this
     reward: str = "loss"  # what a block is judged by the fall of: the global "loss" or "error" rate
+    lossy_rounds_steps: int | None = None  # steps in a block of rounds while spans go unmatched for the
+    # loss rate (None: block_steps)
 
 
 @dataclass
@@ -85,7 +89,7 @@ class _Arm:
     pace: Pace
     weight: float = 0.0  # discounted number of blocks played
     total: float = 0.0  # discounted sum of their rewards
-    span: float = 0.0  # virtual seconds its last block's first block_steps steps took
+    span: float = 0.0  # virtual seconds its last block's first block_steps steps took (scaled from a shorter block)
 
     def mean(self) -> float:
         return self.total / self.weight if self.weight > 0 else math.nan
@@ -106,6 +110,7 @@ class LearnedPacer:
         self.rewards: list[float] = []  # every block's reward, for the bonus's scale
         self._current = 0
         self._block_left = 0  # steps still to play in this block
+        self._block_len = 0  # steps the block was chosen for
         self._playing = False  # a block is under way, not yet judged
         self._block_start = 0.0
         self._round_seconds = 0.0  # how long a round would take, at the last choice
@@ -126,7 +131,7 @@ class LearnedPacer:
         if self._playing:
             return self.pace, None
         self._current, why = self._pick()
-        self._block_left = self.config.block_steps
+        self._block_len = self._block_left = self._steps_to_play()
         self._playing = True
         self._block_start = now
         span = self._min_span()
@@ -138,8 +143,17 @@ class LearnedPacer:
         elif self._losing_much():
             cap = self.config.match_max_loss
             why += f"; spans not matched while {loss_rate:.0%} of jobs are lost (matched under {cap:.0%})"
+            if self._block_len != n:
+                why += f"; a block of {self._block_len} rounds"
         self._points = self._points[-1:]  # the block before ended where this one starts
         return self.pace, why
+
+    def _steps_to_play(self) -> int:
+        """The block's length in steps: `lossy_rounds_steps` for rounds where spans go unmatched
+        for the loss rate, `block_steps` otherwise."""
+        if self.pace.hold and self._losing_much() and self.config.lossy_rounds_steps is not None:
+            return self.config.lossy_rounds_steps
+        return self.config.block_steps
 
     def _others(self) -> list[_Arm]:
         return [a for i, a in enumerate(self.arms) if i != self._current]
@@ -164,7 +178,7 @@ class LearnedPacer:
         judged, floor = (1.0 - accuracy, ERROR_FLOOR) if self.config.reward == "error" else (loss, FLOOR)
         self._points.append((now, math.log(max(judged, floor)) if math.isfinite(judged) else math.inf))
         if self._block_left == 0:
-            self.arms[self._current].span = now - self._block_start
+            self.arms[self._current].span = (now - self._block_start) * (self.config.block_steps / self._block_len)
         if self._block_left <= 0 and now - self._block_start >= self._min_span():
             self._playing = False
             self._reward(fall_rate(self._points))

@@ -40,6 +40,7 @@ def test_switches_take_booleans_or_their_words(value, expected):
         ({"priced-max-loss": 1.5}, "priced-max-loss"),
         ({"min-server-lr": 0}, "min-server-lr"),
         ({"pace-reward": "accuracy"}, "pace-reward"),
+        ({"lossy-rounds-steps": 0}, "lossy-rounds-steps"),
     ],
 )
 def test_bad_values_name_their_key(values, key):

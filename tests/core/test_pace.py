@@ -400,6 +400,29 @@ def test_spans_are_matched_only_while_the_fleet_loses_little():
     assert len(set(played[19:22])) == 1 and reasons[4].endswith(unmatched)  # 3 steps
 
 
+def test_where_the_fleet_loses_much_a_block_of_rounds_can_be_shorter():
+    def opening(loss_rate: float, **over) -> tuple[list[str], list[str], float]:
+        pacer = LearnedPacer(list(PACES.values()), BanditConfig(match_max_loss=0.05, **over))
+        seconds = {"stream": 2.0, "rounds": 10.0}
+        played, now, reasons = [], 0.0, []
+        while len(played) < 12:
+            pace, why = pacer.choose(len(played) + 1, now, round_seconds=10.0, loss_rate=loss_rate)
+            played.append(pace.name)
+            reasons += [why] if why else []
+            now += seconds[pace.name]
+            pacer.observe(len(played), now, math.exp(-0.01 * now), loss_rate=loss_rate)
+        return played, reasons, pacer.arms[1].span
+
+    played, reasons, span = opening(0.1, lossy_rounds_steps=3)
+    assert played[:9] == ["stream"] * 6 + ["rounds"] * 3  # the opening's rounds: 30 s, not 60
+    assert reasons[1].endswith("; a block of 3 rounds")
+    assert span == 60.0  # recorded as six rounds' worth, what a matched block is measured against
+    played, reasons, _ = opening(0.1)  # the default: six, as for streaming
+    assert played[:12] == ["stream"] * 6 + ["rounds"] * 6 and "a block of" not in reasons[1]
+    played, _, _ = opening(0.0, lossy_rounds_steps=3)  # losing nothing: spans matched, rounds in sixes
+    assert played.count("rounds") in (0, 6)
+
+
 def test_matched_spans_give_a_faster_pace_of_quicker_noisier_steps_most_of_the_time():
     # Streaming makes the loss fall three times as fast per second, in steps ten times as short,
     # each step's loss as noisy as a round's. Judged over six quick steps, streaming has most of

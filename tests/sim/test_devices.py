@@ -130,11 +130,11 @@ def test_the_option_contenders_reach_the_scheduler_and_pace():
                     "edgesched-loss-utility": (*base, "priced", 0.05, True, True)}
 
 
-def test_the_error_reward_contender_judges_the_learned_pace_by_the_error_rate():
+def test_the_learned_pace_contenders_set_its_reward_and_blocks():
     from edgesched.simulations.contenders import make_policy
 
     fleet = _fleet("lab-20")
-    rewards = [make_policy(fleet.spec.run.with_keys({"strategy": s}), fleet, [3000] * len(fleet.devices),
-                           SimpleNamespace(now=lambda: 0.0)).pacer.config.reward
-               for s in ("edgesched", "edgesched-error-reward")]
-    assert rewards == ["loss", "error"]
+    configs = [make_policy(fleet.spec.run.with_keys({"strategy": s}), fleet, [3000] * len(fleet.devices),
+                           SimpleNamespace(now=lambda: 0.0)).pacer.config
+               for s in ("edgesched", "edgesched-error-reward", "edgesched-short-rounds")]
+    assert [(c.reward, c.lossy_rounds_steps) for c in configs] == [("loss", 6), ("error", 6), ("loss", 3)]

@@ -53,7 +53,7 @@ def pacer(s: SchedulerSettings) -> FixedPacer | LearnedPacer:
         return FixedPacer(PACES[s.pace])
     return LearnedPacer(list(PACES.values()),
                         BanditConfig(match_spans=s.matched_spans, match_max_loss=s.match_max_loss,
-                                     reward=s.pace_reward))
+                                     reward=s.pace_reward, lossy_rounds_steps=s.lossy_rounds_steps))
 
 
 def scheduler_config(cfg: RunConfig) -> SchedulerConfig:
