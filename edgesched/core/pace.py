@@ -80,8 +80,7 @@ class BanditConfig:
     match_spans: bool = True  # a block lasts at least as long as the other paces' last block_steps steps
     match_max_loss: float = 0.05  # ... while the fleet's per-job loss rate is below this
     reward: str = "loss"  # what a block is judged by the fall of: the global "loss" or "error" rate
-    lossy_rounds_steps: int | None = None  # steps in a block of rounds while spans go unmatched for the
-    # loss rate (None: block_steps)
+    lossy_rounds_steps: int | None = None  # a block of rounds' steps where losses unmatch spans (None: block_steps)
 
 
 @dataclass
