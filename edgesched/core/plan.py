@@ -118,6 +118,7 @@ class Plan:
     skipped: dict[str, str]  # device -> why it was not chosen (not listed: eligible, but enough were)
     expected_updates: float
     chosen: list[int]  # each assignment's index among the candidates
+    least_late: int  # rounds late the soonest of the devices left out only as too slow lands (0: none)
 
 
 def choose_deadline(cands: Candidates, cfg: PlanConfig, stretch: float = 1.0) -> float:
@@ -196,7 +197,8 @@ def plan_round(cands: Candidates, deadline: float, cfg: PlanConfig, max_stalenes
             traffic += cands.transfer_bytes[i]
     rest = order[considered:]  # not needed: enough were chosen; only why the ineligible ones were not is news
     skipped.update((cands.devices[i], str(reason[i])) for i in rest[~eligible[rest]])
-    return Plan(deadline, chosen, skipped, expected, picked)
+    only_slow = late[reason == "too_slow"]
+    return Plan(deadline, chosen, skipped, expected, picked, int(only_slow.min()) if only_slow.size else 0)
 
 
 def _assign(cands: Candidates, i: int, work: float, late: int, bound_cap: int, value: float,

@@ -206,8 +206,17 @@ class Scheduler:
         cands.risk[:] = self.risk.risks(cands.devices, cands.epochs_s(), readings, hazards)
         absence = self.risk.absence_s(now)
         fill_s = self._step_fill_s(cands) if slots is not None and self.config.step_fill else None
-        plan = plan_round(cands, self.deadline, cfg, steps_per_window=None if slots is None else steps_per_window,
-                          absence_s=absence, fill_s=fill_s)
+        per_window = None if slots is None else steps_per_window
+        plan = plan_round(cands, self.deadline, cfg, steps_per_window=per_window, absence_s=absence, fill_s=fill_s)
+        if not plan.assignments and not busy and plan.least_late:
+            # No job is out and no device may train, some only for being too slow for the staleness
+            # cap: the deadline (at most the round timeout) is short for the whole fleet, not one
+            # device slow within it, and no other update would make a late one stale. The soonest
+            # go, counting at their lateness, rather than the fleet idling until the run stops;
+            # their jobs also correct a prediction inflated by one slow first job (a loaded
+            # gateway's process start).
+            plan = plan_round(cands, self.deadline, cfg, max_staleness=plan.least_late, steps_per_window=per_window,
+                              absence_s=absence, fill_s=fill_s)
         self._planned.update((a.device, predictions.at(free[i])) for a, i in zip(plan.assignments, plan.chosen,
                                                                                    strict=True))
         if slots is None:
