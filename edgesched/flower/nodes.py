@@ -8,7 +8,9 @@ node's first job, not only after its first reply, every node is asked its device
 the answer also says how many samples a board with its own data holds. Such a board's work is
 sized, its updates weighted and its replies checked by that figure, fixed for the run; other
 nodes train partition `i` of the public data, the `i`-th node seen, as in the synchronous loop.
-A node is not planned while its answer is awaited. What the gateway
+A node is not planned while its answer is awaited, nor after a failed one (a board that died
+while starting the ClientApp to answer: planned blind, its job would wait for Flower to notice
+the death, about a minute); it is asked again every `QUERY_RETRY_S`. What the gateway
 learned of each node (its partition, its device) goes into its checkpoint, so that a restarted
 gateway still knows a dead board's node: that node will never answer its query, and Flower
 lists it for about a minute after its death, a minute in which an unidentified node is planned.
@@ -38,6 +40,7 @@ from edgesched.trace import TraceRecorder
 log = logging.getLogger(__name__)
 NODE_LIST_TTL_S = 1.0  # how long a fetched node list is reused while polling
 NODE_WAIT_SECONDS = 120.0
+QUERY_RETRY_S = 10.0  # how long a node whose identification failed waits to be asked again
 MAX_LOCAL_SAMPLES = 100_000_000
 
 
@@ -70,8 +73,9 @@ class FlowerFleet:
         self._nodes_at = -np.inf
         self._nodes: list[int] = []
         self._asked: dict[str, int] = {}  # identification queries in flight: message id -> node
-        self._queried: set[int] = set()  # nodes this process has asked (once each)
-        self._warned: set[int] = set()  # nodes whose device's silence has been logged
+        self._queried: set[int] = set()  # nodes this process has asked (once each, unless it failed)
+        self._failed: dict[int, float] = {}  # nodes whose identification failed -> when to ask again
+        self._warned: set[int] = set()  # nodes whose silence (no agent heard, no answer) has been logged
         self._unheard_since: float | None = None
 
     def nodes(self) -> list[int]:
@@ -80,6 +84,9 @@ class FlowerFleet:
             self._nodes_at = time.monotonic()
             for node in self._nodes:
                 if self._identify and node not in self.memory.devices and node not in self._queried:
+                    self._ask_device_id(node)
+                elif node in self._failed and time.monotonic() >= self._failed[node]:
+                    del self._failed[node]
                     self._ask_device_id(node)
                 self.memory.partitions.setdefault(node, len(self.memory.partitions) % len(self.sizes))
         self._take_answers()
@@ -96,9 +103,18 @@ class FlowerFleet:
             return
         for reply in self._grid.pull_messages(list(self._asked)):
             node = self._asked.pop(reply.metadata.reply_to_message_id, None)
-            if node is not None and not reply.has_error() and DEVICE in reply.content:
+            if node is None:
+                continue
+            if not reply.has_error() and DEVICE in reply.content:
                 self.seen(node, str(reply.content[DEVICE]["device-id"]))
                 self._declared(node, reply.content[DEVICE].get("samples"))
+            else:
+                if node not in self._warned:
+                    self._warned.add(node)
+                    why = reply.error.reason if reply.has_error() else "no device id in its answer"
+                    log.warning("node %d did not say which device it runs (%s): not planned until it does; "
+                                "asked again every %.0f s", node, why, QUERY_RETRY_S)
+                self._failed[node] = time.monotonic() + QUERY_RETRY_S
 
     def _declared(self, node: int, samples: Any) -> None:
         """A board's own data size: a whole number within reason, or the node trains a partition."""
@@ -128,7 +144,7 @@ class FlowerFleet:
         states = self._states()
         views = []
         nodes = self.nodes()  # asks new nodes, takes answers
-        awaited = set(self._asked.values())
+        awaited = {*self._asked.values(), *self._failed}
         for node in nodes:
             if node in awaited:
                 continue

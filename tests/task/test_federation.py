@@ -125,6 +125,36 @@ def test_every_node_is_asked_its_device_before_its_first_job():
     assert len(grid.sent) == 3  # asked once
 
 
+class FailedQueryGrid(LocalGrid):
+    """Node 303 dies as its ClientApp starts to answer its first query: the reply is an error."""
+
+    failed = False
+
+    def pull_messages(self, message_ids):
+        replies = []
+        for reply in super().pull_messages(message_ids):
+            asked = next(m for m in self.sent if m.metadata.message_id == reply.metadata.reply_to_message_id)
+            if asked.metadata.message_type == "query" and asked.metadata.dst_node_id == 303 and not self.failed:
+                self.failed = True
+                reply = Message(Error(code=ErrorCode.MESSAGE_UNAVAILABLE, reason="the node is gone"), reply_to=asked)
+            replies.append(reply)
+        return replies
+
+
+def test_a_node_whose_identification_failed_is_not_planned_blind_but_asked_again(monkeypatch):
+    """Planned blind, a board that died while answering would hold its job until Flower noticed
+    (about a minute); it waits to be asked again instead, and is planned once it answers."""
+    monkeypatch.setattr("edgesched.flower.nodes.QUERY_RETRY_S", 0.2)
+    grid, telemetry = FailedQueryGrid(NODE_CONFIGS), RecordingTelemetry()
+    fleet = FlowerFleet(grid, telemetry, sizes=[10, 10, 10])
+    fleet.nodes()
+    assert {v.device for v in fleet.views(time.time())} == {"node-101", "node-202"}
+    time.sleep(1.3)  # past the retry and the node list's reuse
+    fleet.nodes()
+    assert [m.metadata.dst_node_id for m in grid.sent].count(303) == 2
+    assert {v.device for v in fleet.views(time.time())} == {f"node-{n}" for n in NODES}
+
+
 def test_the_gateways_fleet_json_names_boards_by_device_and_marks_the_busy_ones():
     """A job out on node 202 (planned as node-202) shows its board, pi5-b, training; a node no
     agent speaks for is shown by node."""
