@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.processes import Processes, flower_app, wait_for
+from benchmarks.processes import Processes, flower_app, stop_on_sigterm, wait_for
 from edgesched.broker import free_port
 
 BIN = Path(sys.executable).parent
@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
+    stop_on_sigterm()
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="edgesched-overlap-") as tmp:
         for i in range(args.repeats):

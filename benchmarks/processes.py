@@ -8,6 +8,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +65,13 @@ class Processes:
 
     def log(self, name: str) -> str:
         return (self.folder / f"{name}.log").read_text(errors="replace")
+
+
+def stop_on_sigterm() -> None:
+    """A benchmark ended by `kill` (SIGTERM) stops what it started, as Ctrl-C does: the signal
+    becomes SystemExit, so the `finally` that calls `Processes.stop_all` runs. Without it the
+    SuperLink, SuperNodes and agents, each in a session of its own, outlive the benchmark."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
 def flower_app(name: str, description: str) -> str:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.processes import Processes, flower_app, wait_for
+from benchmarks.processes import Processes, flower_app, stop_on_sigterm, wait_for
 from edgesched.broker import free_port
 from edgesched.config import parse_scheduler_keys
 
@@ -166,6 +166,7 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, help="seconds the run may take (then --rounds caps the steps)")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one)")
     args = parser.parse_args()
+    stop_on_sigterm()
     if not os.access(CGROUP / "cgroup.procs", os.W_OK):
         sys.exit(f"real_fleet: error: {CGROUP} is not writable (run as root on a cgroup v1 machine)")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="real-fleet-"))
