@@ -28,6 +28,7 @@ import paho.mqtt.client as mqtt
 import psutil
 from paho.mqtt.enums import CallbackAPIVersion
 
+from benchmarks.processes import stop_on_sigterm
 from edgesched.broker import free_port
 from edgesched.core.registry import DeviceRegistry, RegistryConfig, _Device
 from edgesched.core.telemetry import Heartbeat, topic
@@ -167,6 +168,7 @@ def main() -> None:
     parser.add_argument("--agent-seconds", type=float, default=30.0, help="how long to measure the agent")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    stop_on_sigterm()
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(mosquitto).exists():
         sys.exit("benchmarks.telemetry: error: needs mosquitto (apt-get install mosquitto)")
